@@ -1,0 +1,36 @@
+# Tether developer entry points. `make test` is what CI runs (.ci/run).
+SHELL := /usr/bin/env bash
+CARGO ?= cargo
+export CARGO_TERM_PROGRESS_WHEN ?= auto
+
+.PHONY: help tools generate check-generated fmt lint build test clean-tools
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
+
+tools: ## Install the pinned control plane, etcd, helm and kubectl into .tools/bin (cached)
+	@bash e2e/tools.sh
+
+generate: ## Regenerate config/crd from the Rust types
+	$(CARGO) run --locked -q -p tether-api --example crdgen
+
+check-generated: ## Fail if config/crd differs from what the Rust types generate
+	$(CARGO) run --locked -q -p tether-api --example crdgen -- --check
+
+fmt: ## Format the code
+	$(CARGO) fmt --all
+
+lint: ## rustfmt check and clippy with warnings denied
+	@rustup component add rustfmt clippy >/dev/null 2>&1 || true
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
+
+build: ## Build every crate
+	$(CARGO) build --locked --workspace --all-targets
+
+test: tools check-generated lint ## Everything CI checks: tools, generated files, lints, unit and real-cluster tests
+	@echo "== cargo test (real control planes: etcd + kube-apiserver + kube-controller-manager)"
+	$(CARGO) test --locked --workspace --no-fail-fast
+
+clean-tools: ## Remove .tools (the version-keyed cache in ~/.cache/tether stays)
+	rm -rf .tools

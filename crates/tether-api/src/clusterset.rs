@@ -1,0 +1,297 @@
+//! ClusterSet: one per namespace, named by the set's ID. On the leader it holds the set's policy
+//! and member counts; on a member it holds how to reach the leader and the membership state.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::validation::{
+    CA_CERT_HASH, DNS1123_LABEL, DNS1123_SUBDOMAIN, DURATION, IMMUTABLE_RULE, LABELS_RULE, MAX_CLUSTER_ID,
+    MAX_CLUSTER_NAME, MAX_LABELS,
+};
+
+/// Most entries in the leader's member summary; the full list is `kubectl get mcls -A -l ...`.
+pub const MAX_MEMBER_SUMMARY: u32 = 100;
+/// Most entries in an approval allow-list.
+pub const MAX_ALLOWED_CLUSTERS: u32 = 1000;
+
+/// Desired state of a ClusterSet. Exactly one of `leader` / `member` applies, chosen by `role`.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "multicluster.tether.dev",
+    version = "v1alpha1",
+    kind = "ClusterSet",
+    namespaced,
+    status = "ClusterSetStatus",
+    category = "tether",
+    derive = "PartialEq",
+    doc = "A set of clusters managed together: the leader's view of the set, or a member's membership.",
+    printcolumn(name = "Role", type_ = "string", json_path = ".spec.role"),
+    printcolumn(name = "State", type_ = "string", json_path = ".status.state"),
+    printcolumn(name = "Total", type_ = "integer", json_path = ".status.members.total"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.members.ready"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(name = "Leader", type_ = "string", json_path = ".spec.member.leaderURL", priority = 1),
+    printcolumn(name = "Cluster ID", type_ = "string", json_path = ".status.membership.clusterID", priority = 1),
+    validation = Rule::new(
+        "self.metadata.name.size() <= 63 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')"
+    ).message(
+        "metadata.name is the ClusterSet ID and must be a DNS-1123 label: lowercase letters, digits and '-', at most 63 characters"
+    )
+)]
+#[x_kube(validation = Rule::new(
+    "self.role == 'Leader' ? !has(self.member) : (has(self.member) && !has(self.leader))"
+).message("a Leader ClusterSet takes only spec.leader; a Member ClusterSet needs spec.member and takes no spec.leader"))]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterSetSpec {
+    /// Whether this object describes the set on its leader or this cluster's membership.
+    #[x_kube(validation = Rule::new(IMMUTABLE_RULE).message("spec.role is immutable: delete the ClusterSet and create it again"))]
+    pub role: ClusterSetRole,
+    /// Leader-side policy (role Leader).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<LeaderSpec>,
+    /// How this member reaches and joins its leader (role Member).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<MemberSpec>,
+}
+
+/// The side of the set a ClusterSet object describes.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterSetRole {
+    /// The set's home on its leader cluster.
+    Leader,
+    /// A member cluster's membership of a set.
+    Member,
+}
+
+/// Leader-side policy of a set.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("duration(self.gracePeriod) > duration(self.heartbeatInterval)")
+    .message("gracePeriod must be longer than heartbeatInterval (the default is 4 intervals)"))]
+#[x_kube(validation = Rule::new("duration(self.memberExpiry) >= duration(self.gracePeriod)")
+    .message("memberExpiry must not be shorter than gracePeriod"))]
+#[serde(rename_all = "camelCase")]
+pub struct LeaderSpec {
+    /// How registration requests are approved.
+    #[serde(default)]
+    pub approval: ApprovalPolicy,
+    /// How often members renew their MemberClusterAnnounce (Go duration, 1s–10m).
+    #[serde(default = "default_heartbeat_interval")]
+    #[schemars(regex(pattern = DURATION), length(max = 32))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1s') && duration(self) <= duration('10m')")
+        .message("heartbeatInterval must be between 1s and 10m"))]
+    pub heartbeat_interval: String,
+    /// A member without a renewal for this long is marked Ready=Unknown (Go duration).
+    #[serde(default = "default_grace_period")]
+    #[schemars(regex(pattern = DURATION), length(max = 32))]
+    pub grace_period: String,
+    /// A member silent for this long is removed from the set (Go duration).
+    #[serde(default = "default_member_expiry")]
+    #[schemars(regex(pattern = DURATION), length(max = 32))]
+    pub member_expiry: String,
+    /// Lifetime of the credential minted for each member (Go duration, 10m–24h).
+    #[serde(rename = "credentialTTL", default = "default_credential_ttl")]
+    #[schemars(regex(pattern = DURATION), length(max = 32))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('10m') && duration(self) <= duration('24h')")
+        .message("credentialTTL must be between 10m and 24h"))]
+    pub credential_ttl: String,
+}
+
+impl Default for LeaderSpec {
+    fn default() -> Self {
+        Self {
+            approval: ApprovalPolicy::default(),
+            heartbeat_interval: default_heartbeat_interval(),
+            grace_period: default_grace_period(),
+            member_expiry: default_member_expiry(),
+            credential_ttl: default_credential_ttl(),
+        }
+    }
+}
+
+fn default_heartbeat_interval() -> String {
+    "10s".into()
+}
+fn default_grace_period() -> String {
+    "40s".into()
+}
+fn default_member_expiry() -> String {
+    "24h".into()
+}
+fn default_credential_ttl() -> String {
+    "1h".into()
+}
+
+/// Which registration requests the leader approves by itself.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[x_kube(validation = Rule::new("self.mode == 'AllowList' || !has(self.allowedClusters)")
+    .message("allowedClusters is only used with mode AllowList"))]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalPolicy {
+    /// Automatic approves every valid request; AllowList only listed names/IDs; Manual waits for an admin.
+    #[serde(default)]
+    pub mode: ApprovalMode,
+    /// Cluster names or IDs approved automatically in AllowList mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_ALLOWED_CLUSTERS))]
+    #[x_kube(merge_strategy = ListMerge::Set)]
+    pub allowed_clusters: Option<Vec<ClusterRef>>,
+}
+
+/// A cluster name or ID (a DNS-1123 subdomain).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(transparent)]
+pub struct ClusterRef(
+    #[schemars(regex(pattern = DNS1123_SUBDOMAIN), length(min = 1, max = MAX_CLUSTER_ID))] pub String,
+);
+
+/// How registration requests are approved.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ApprovalMode {
+    /// Every valid request is approved.
+    #[default]
+    Automatic,
+    /// Only requests whose cluster name or ID is in `allowedClusters`; others are Denied (NotAllowed).
+    AllowList,
+    /// Requests stay Pending until an admin approves or denies them (`tether approve|deny`).
+    Manual,
+}
+
+/// How a member reaches and joins its leader.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("has(self.caCertHash) || has(self.caBundle) || self.insecureSkipCAVerification")
+    .message("set caCertHash (the sha256:<hex> printed by `tether init`) or caBundle; insecureSkipCAVerification: true skips the check and is unsafe"))]
+#[x_kube(validation = Rule::new("!has(oldSelf.clusterID) || (has(self.clusterID) && self.clusterID == oldSelf.clusterID)")
+    .message("clusterID is immutable while the cluster is a member: leave the set first"))]
+#[serde(rename_all = "camelCase")]
+pub struct MemberSpec {
+    /// The leader's API server URL (https).
+    #[serde(rename = "leaderURL")]
+    #[schemars(length(max = 2048))]
+    #[x_kube(validation = Rule::new("isURL(self) && self.startsWith('https://')").message("leaderURL must be an https:// URL"))]
+    pub leader_url: String,
+    /// Pin of the leader's CA: `sha256:` + hex SHA-256 of its SubjectPublicKeyInfo (kubeadm format).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = CA_CERT_HASH))]
+    pub ca_cert_hash: Option<String>,
+    /// PEM CA bundle that verifies the leader, as an alternative to the pin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 65536))]
+    pub ca_bundle: Option<String>,
+    /// Skip verifying the leader's CA. Unsafe: the join token may be sent to an impostor.
+    #[serde(rename = "insecureSkipCAVerification", default)]
+    pub insecure_skip_ca_verification: bool,
+    /// Secret in this namespace holding the join (bootstrap) token.
+    pub join_token_secret_ref: SecretKeyRef,
+    /// This cluster's name in the set (DNS-1123 label, unique in the set).
+    #[schemars(regex(pattern = DNS1123_LABEL), length(min = 1, max = MAX_CLUSTER_NAME))]
+    pub cluster_name: String,
+    /// Explicit cluster ID; defaults to the UID of the `kube-system` namespace.
+    #[serde(rename = "clusterID", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DNS1123_SUBDOMAIN), length(min = 1, max = MAX_CLUSTER_ID))]
+    pub cluster_id: Option<String>,
+    /// Labels the member asks to carry on the leader's ManagedCluster.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = MAX_LABELS))]
+    #[x_kube(validation = Rule::new(LABELS_RULE).message("label keys must be at most 317 and values at most 63 characters"))]
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+/// A key of a Secret in the same namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Name of the Secret.
+    #[schemars(regex(pattern = DNS1123_SUBDOMAIN), length(min = 1, max = 253))]
+    pub name: String,
+    /// Key in the Secret's data.
+    #[serde(default = "default_token_key")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+fn default_token_key() -> String {
+    "token".into()
+}
+
+/// Observed state of a ClusterSet, on the leader or on a member.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterSetStatus {
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// One word for `kubectl get`: Active/Deleting on a leader; Joining/Ready/NotReady/Leaving on a member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub state: Option<String>,
+    /// Standard conditions (leader: Ready, DeletionBlocked; member: Registered, LeaderReachable, Ready).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+    /// Leader: member counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub members: Option<MemberCounts>,
+    /// Leader: a bounded summary, members needing attention first; see `summaryTruncated`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_MEMBER_SUMMARY))]
+    pub member_summary: Vec<MemberSummary>,
+    /// Leader: true when more members exist than `memberSummary` lists.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub summary_truncated: bool,
+    /// Member: this cluster's membership.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub membership: Option<Membership>,
+}
+
+/// Member counts of a set, kept by the leader.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberCounts {
+    /// Approved members.
+    pub total: i32,
+    /// Members whose Ready condition is True.
+    pub ready: i32,
+    /// Members whose Ready condition is False or Unknown.
+    pub not_ready: i32,
+    /// Registration requests still Pending.
+    pub pending: i32,
+}
+
+/// One member in the leader's bounded summary.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberSummary {
+    /// Cluster name.
+    #[schemars(length(max = MAX_CLUSTER_NAME))]
+    pub name: String,
+    /// Cluster ID.
+    #[serde(rename = "clusterID")]
+    #[schemars(length(max = MAX_CLUSTER_ID))]
+    pub cluster_id: String,
+    /// The member's Ready condition status: True, False or Unknown.
+    #[schemars(length(max = 16))]
+    pub ready: String,
+}
+
+/// A member's view of its own membership.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Membership {
+    /// The cluster ID this member registered with.
+    #[serde(rename = "clusterID", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_CLUSTER_ID))]
+    pub cluster_id: Option<String>,
+    /// The member's dedicated namespace on the leader.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    pub namespace: Option<String>,
+    /// When the current leader credential expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_expiry: Option<Time>,
+    /// Last successful heartbeat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat_time: Option<Time>,
+}

@@ -1,0 +1,42 @@
+//! Tether's API: the `multicluster.tether.dev/v1alpha1` custom resources and the upstream
+//! `about.k8s.io` ClusterProperty, with the validation the API server enforces. No I/O here.
+
+pub mod about;
+pub mod announce;
+pub mod clusterset;
+pub mod crds;
+pub mod managedcluster;
+pub mod registration;
+pub mod validation;
+
+pub use announce::{MemberClusterAnnounce, MemberClusterAnnounceSpec};
+pub use clusterset::{ClusterSet, ClusterSetSpec, ClusterSetStatus};
+pub use managedcluster::{ManagedCluster, ManagedClusterSpec, ManagedClusterStatus};
+pub use registration::{ClusterRegistrationRequest, ClusterRegistrationRequestSpec, RegistrationStatus};
+
+/// The API group of every Tether kind.
+pub const GROUP: &str = "multicluster.tether.dev";
+/// The served and stored version of every Tether kind.
+pub const VERSION: &str = "v1alpha1";
+/// `kubectl get tether` lists every Tether kind.
+pub const CATEGORY: &str = "tether";
+
+/// Label keys Tether puts on the objects it creates, so that sets and members can be selected.
+pub mod labels {
+    /// The ClusterSet ID (the ClusterSet's name) an object belongs to.
+    pub const CLUSTER_SET: &str = "multicluster.tether.dev/clusterset";
+    /// The member's cluster name.
+    pub const CLUSTER_NAME: &str = "multicluster.tether.dev/cluster-name";
+    /// The member's cluster ID.
+    pub const CLUSTER_ID: &str = "multicluster.tether.dev/cluster-id";
+    /// Which Tether component manages an object.
+    pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+}
+
+/// Well-known `about.k8s.io` ClusterProperty names (KEP-2149).
+pub mod properties {
+    /// Holds the cluster ID.
+    pub const CLUSTER_ID: &str = "cluster.clusterset.k8s.io";
+    /// Holds the ClusterSet ID while the cluster is a member.
+    pub const CLUSTER_SET: &str = "clusterset.k8s.io";
+}

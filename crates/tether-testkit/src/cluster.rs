@@ -1,0 +1,442 @@
+//! A real Kubernetes control plane for one test: etcd, kube-apiserver (bootstrap tokens,
+//! TokenRequest, Node+RBAC) and kube-controller-manager (namespace deletion, garbage collection,
+//! bootstrap signer, token cleaner), on free loopback ports, torn down when the handle drops.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+
+use crate::pki::Pki;
+use crate::process::{self, Proc};
+use crate::tools::Tools;
+use crate::{Error, free_port};
+
+/// How long a control plane may take to become ready before start-up fails.
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// Start-up attempts, for the rare case that another process takes a chosen port first.
+const ATTEMPTS: usize = 3;
+
+/// Options for a test cluster; `TestCluster::builder(name)`.
+#[derive(Clone, Debug)]
+pub struct ClusterBuilder {
+    name: String,
+    controller_manager: bool,
+    wait_for_controllers: bool,
+    audit_log: bool,
+}
+
+impl ClusterBuilder {
+    /// Whether to run kube-controller-manager (default: yes).
+    pub fn controller_manager(mut self, on: bool) -> Self {
+        self.controller_manager = on;
+        self
+    }
+
+    /// Whether `start` waits until the controllers have published `kube-root-ca.crt` (default: yes).
+    pub fn wait_for_controllers(mut self, on: bool) -> Self {
+        self.wait_for_controllers = on;
+        self
+    }
+
+    /// Writes an audit log of every request (level Metadata) to `audit.log` in the cluster folder.
+    pub fn audit_log(mut self, on: bool) -> Self {
+        self.audit_log = on;
+        self
+    }
+
+    /// Starts the cluster and waits until it serves requests.
+    pub async fn start(self) -> Result<TestCluster, Error> {
+        let tools = Tools::locate()?;
+        let root = std::env::temp_dir().join("tether-testkit");
+        std::fs::create_dir_all(&root).map_err(|source| Error::Io {
+            path: root.clone(),
+            source,
+        })?;
+        process::reap_strays(&root);
+        let mut last = None;
+        for _ in 0..ATTEMPTS {
+            match TestCluster::start_once(&self, &tools, &root).await {
+                Ok(cluster) => return Ok(cluster),
+                Err(err @ Error::PortInUse { .. }) => last = Some(err),
+                Err(err) => return Err(err),
+            }
+        }
+        Err(last.unwrap_or(Error::NotReady {
+            name: self.name,
+            what: "no attempt ran".into(),
+        }))
+    }
+}
+
+/// A running control plane; everything is killed and removed when it drops. If the test is
+/// panicking, the logs' last lines are printed and the folder is kept for inspection.
+pub struct TestCluster {
+    name: String,
+    // NB: fields drop in order: processes first (kube-controller-manager, kube-apiserver, etcd),
+    // then the folder they write to.
+    procs: Vec<Proc>,
+    dir: Option<tempfile::TempDir>,
+    url: String,
+    pki: Pki,
+    kubeconfig: PathBuf,
+    config: Config,
+    startup: Duration,
+}
+
+impl TestCluster {
+    /// A cluster with kube-controller-manager, waiting for its controllers.
+    pub fn builder(name: &str) -> ClusterBuilder {
+        ClusterBuilder {
+            name: name.to_string(),
+            controller_manager: true,
+            wait_for_controllers: true,
+            audit_log: false,
+        }
+    }
+
+    /// Starts a cluster with default options.
+    pub async fn start(name: &str) -> Result<Self, Error> {
+        Self::builder(name).start().await
+    }
+
+    async fn start_once(opts: &ClusterBuilder, tools: &Tools, root: &Path) -> Result<Self, Error> {
+        let started = Instant::now();
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{}-", opts.name))
+            .tempdir_in(root)
+            .map_err(|source| Error::Io {
+                path: root.to_path_buf(),
+                source,
+            })?;
+        let d = dir.path().to_path_buf();
+        process::claim(&d)?;
+        let pki = Pki::generate(&opts.name)?;
+        for (file, pem) in [
+            ("ca.crt", &pki.ca_cert),
+            ("serving.crt", &pki.serving_cert),
+            ("serving.key", &pki.serving_key),
+            ("sa.key", &pki.service_account_key),
+            ("sa.pub", &pki.service_account_pub),
+        ] {
+            write(&d.join(file), pem)?;
+        }
+        let (etcd_client, etcd_peer, api_port) = (free_port()?, free_port()?, free_port()?);
+        let url = format!("https://127.0.0.1:{api_port}");
+        let kubeconfig = d.join("kubeconfig");
+        write(&kubeconfig, &admin_kubeconfig(&opts.name, &url, &pki))?;
+
+        let mut procs = Vec::new();
+        let mut etcd = Command::new(tools.path("etcd"));
+        etcd.args(["--name", &opts.name, "--log-level", "warn", "--unsafe-no-fsync"])
+            .arg(format!("--data-dir={}", d.join("etcd").display()))
+            .arg(format!("--listen-client-urls=http://127.0.0.1:{etcd_client}"))
+            .arg(format!("--advertise-client-urls=http://127.0.0.1:{etcd_client}"))
+            .arg(format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"))
+            .arg(format!(
+                "--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"
+            ))
+            .arg(format!(
+                "--initial-cluster={}=http://127.0.0.1:{etcd_peer}",
+                opts.name
+            ));
+        procs.push(Proc::spawn("etcd", etcd, &d)?);
+
+        let mut api = Command::new(tools.path("kube-apiserver"));
+        api.arg(format!("--etcd-servers=http://127.0.0.1:{etcd_client}"))
+            .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
+            .arg(format!("--secure-port={api_port}"))
+            .arg(format!("--cert-dir={}", d.join("certs").display()))
+            .arg(format!("--tls-cert-file={}", d.join("serving.crt").display()))
+            .arg(format!(
+                "--tls-private-key-file={}",
+                d.join("serving.key").display()
+            ))
+            .arg(format!("--client-ca-file={}", d.join("ca.crt").display()))
+            .args([
+                "--authorization-mode=Node,RBAC",
+                "--enable-bootstrap-token-auth=true",
+            ])
+            .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
+            .arg(format!(
+                "--service-account-key-file={}",
+                d.join("sa.pub").display()
+            ))
+            .arg(format!(
+                "--service-account-signing-key-file={}",
+                d.join("sa.key").display()
+            ))
+            .args([
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--endpoint-reconciler-type=none",
+            ])
+            .args(["--allow-privileged=true", "--profiling=false", "--v=1"]);
+        if !opts.controller_manager {
+            api.arg("--disable-admission-plugins=ServiceAccount");
+        }
+        if opts.audit_log {
+            write(&d.join("audit-policy.yaml"), AUDIT_POLICY)?;
+            api.arg(format!(
+                "--audit-policy-file={}",
+                d.join("audit-policy.yaml").display()
+            ))
+            .arg(format!("--audit-log-path={}", d.join("audit.log").display()));
+        }
+        procs.push(Proc::spawn("kube-apiserver", api, &d)?);
+
+        let config = kube_config(&kubeconfig).await?;
+        let mut cluster = Self {
+            name: opts.name.clone(),
+            procs,
+            dir: Some(dir),
+            url,
+            pki,
+            kubeconfig,
+            config,
+            startup: Duration::ZERO,
+        };
+        cluster.wait_ready().await?;
+
+        if opts.controller_manager {
+            let mut kcm = Command::new(tools.path("kube-controller-manager"));
+            kcm.arg(format!("--kubeconfig={}", cluster.kubeconfig.display()))
+                .args(["--leader-elect=false", "--use-service-account-credentials=true"])
+                .arg(format!(
+                    "--service-account-private-key-file={}",
+                    d.join("sa.key").display()
+                ))
+                .arg(format!("--root-ca-file={}", d.join("ca.crt").display()))
+                .arg("--controllers=*,bootstrap-signer-controller,token-cleaner-controller")
+                .args(["--secure-port=0", "--v=1"]);
+            cluster
+                .procs
+                .push(Proc::spawn("kube-controller-manager", kcm, &d)?);
+            if opts.wait_for_controllers {
+                cluster.wait_controllers().await?;
+            }
+        }
+        cluster.startup = started.elapsed();
+        eprintln!(
+            "tether-testkit: cluster {} ready at {} in {:.1?}",
+            cluster.name, cluster.url, cluster.startup
+        );
+        Ok(cluster)
+    }
+
+    async fn wait_ready(&mut self) -> Result<(), Error> {
+        let client = self.client()?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut last;
+        loop {
+            self.check_alive()?;
+            let req = http::Request::get("/readyz")
+                .body(Vec::new())
+                .map_err(|e| Error::NotReady {
+                    name: self.name.clone(),
+                    what: e.to_string(),
+                })?;
+            match client.request_text(req).await {
+                Ok(body) if body.trim() == "ok" => return Ok(()),
+                Ok(body) => last = body,
+                Err(err) => last = err.to_string(),
+            }
+            if Instant::now() > deadline {
+                return Err(Error::NotReady {
+                    name: self.name.clone(),
+                    what: format!("/readyz: {last}"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    async fn wait_controllers(&mut self) -> Result<(), Error> {
+        let cms: Api<ConfigMap> = Api::namespaced(self.client()?, "default");
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            self.check_alive()?;
+            if let Ok(Some(_)) = cms.get_opt("kube-root-ca.crt").await {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::NotReady {
+                    name: self.name.clone(),
+                    what: "kube-controller-manager did not publish default/kube-root-ca.crt".into(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Fails with the log tail of the first process that exited.
+    fn check_alive(&mut self) -> Result<(), Error> {
+        for p in &mut self.procs {
+            if let Some(status) = p.exited() {
+                let log = p.log_tail(30);
+                if log.contains("address already in use") {
+                    return Err(Error::PortInUse {
+                        name: p.name().to_string(),
+                    });
+                }
+                return Err(Error::Exited {
+                    name: p.name().to_string(),
+                    status,
+                    log,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The cluster's name (also its kubeconfig context).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The API server URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The cluster CA (PEM).
+    pub fn ca_pem(&self) -> &str {
+        &self.pki.ca_cert
+    }
+
+    /// The kubeadm-style pin of the cluster CA.
+    pub fn ca_cert_hash(&self) -> &str {
+        &self.pki.ca_cert_hash
+    }
+
+    /// Path of an admin kubeconfig (system:masters) for this cluster.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The folder holding the cluster's data, certificates and process logs.
+    pub fn dir(&self) -> &Path {
+        self.dir.as_ref().map_or(Path::new("."), |d| d.path())
+    }
+
+    /// How long start-up took, from nothing to serving (and controllers running, if waited for).
+    pub fn startup_time(&self) -> Duration {
+        self.startup
+    }
+
+    /// The audit log, if the cluster was started with `audit_log(true)`.
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir().join("audit.log")
+    }
+
+    /// Admin client configuration.
+    pub fn config(&self) -> Config {
+        self.config.clone()
+    }
+
+    /// A new admin client (system:masters).
+    pub fn client(&self) -> Result<Client, Error> {
+        Client::try_from(self.config()).map_err(Error::Client)
+    }
+
+    /// A client that authenticates with a bearer token only (bootstrap or ServiceAccount token).
+    pub fn client_with_token(&self, token: &str) -> Result<Client, Error> {
+        let mut config = self.config();
+        config.auth_info = AuthInfo {
+            token: Some(token.to_string().into()),
+            ..AuthInfo::default()
+        };
+        Client::try_from(config).map_err(Error::Client)
+    }
+
+    /// A client with no credentials at all (`system:anonymous`).
+    pub fn anonymous_client(&self) -> Result<Client, Error> {
+        let mut config = self.config();
+        config.auth_info = AuthInfo::default();
+        Client::try_from(config).map_err(Error::Client)
+    }
+
+    /// `kubectl` against this cluster as admin (from `.tools/bin`).
+    pub fn kubectl(&self) -> Result<Command, Error> {
+        let tools = Tools::locate()?;
+        let mut cmd = Command::new(tools.path("kubectl"));
+        cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()));
+        Ok(cmd)
+    }
+
+    /// Stops kube-controller-manager, e.g. to observe what happens without it.
+    pub fn stop_controller_manager(&mut self) {
+        self.procs.retain(|p| p.name() != "kube-controller-manager");
+    }
+
+    /// The last lines of every process log, for a failure message.
+    pub fn logs(&self, lines: usize) -> String {
+        let mut out = String::new();
+        for p in &self.procs {
+            let _ = writeln!(
+                out,
+                "----- {} ({}) -----\n{}",
+                p.name(),
+                p.log().display(),
+                p.log_tail(lines)
+            );
+        }
+        out
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        let failed = std::thread::panicking();
+        if failed {
+            eprintln!(
+                "tether-testkit: cluster {} logs (last lines):\n{}",
+                self.name,
+                self.logs(40)
+            );
+        }
+        // Kill in reverse start order, then remove (or keep) the folder.
+        while let Some(mut p) = self.procs.pop() {
+            p.stop();
+        }
+        if let Some(dir) = self.dir.take() {
+            if failed {
+                let kept = dir.keep();
+                eprintln!("tether-testkit: kept {} for inspection", kept.display());
+            }
+        }
+    }
+}
+
+const AUDIT_POLICY: &str =
+    "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n";
+
+fn admin_kubeconfig(name: &str, url: &str, pki: &Pki) -> String {
+    let ca = B64.encode(&pki.ca_cert);
+    let cert = B64.encode(&pki.admin_cert);
+    let key = B64.encode(&pki.admin_key);
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: {name}\n  cluster:\n    server: {url}\n    certificate-authority-data: {ca}\n\
+         users:\n- name: {name}-admin\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\n\
+         contexts:\n- name: {name}\n  context:\n    cluster: {name}\n    user: {name}-admin\ncurrent-context: {name}\n"
+    )
+}
+
+async fn kube_config(path: &Path) -> Result<Config, Error> {
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| Error::Kubeconfig(e.to_string()))
+}
+
+fn write(path: &Path, contents: &str) -> Result<(), Error> {
+    std::fs::write(path, contents).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
