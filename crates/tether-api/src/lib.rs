@@ -1,6 +1,10 @@
 //! Tether's API: the `multicluster.tether.dev/v1alpha1` custom resources and the upstream
 //! `about.k8s.io` ClusterProperty, with the validation the API server enforces. No I/O here.
 
+// NB: kube-derive takes one `printcolumn(...)` per column; clippy reads repeated `type_ = ...`
+// inside them as duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
 pub mod about;
 pub mod announce;
 pub mod clusterset;

@@ -404,11 +404,11 @@ impl Drop for TestCluster {
         while let Some(mut p) = self.procs.pop() {
             p.stop();
         }
-        if let Some(dir) = self.dir.take() {
-            if failed {
-                let kept = dir.keep();
-                eprintln!("tether-testkit: kept {} for inspection", kept.display());
-            }
+        if let Some(dir) = self.dir.take()
+            && failed
+        {
+            let kept = dir.keep();
+            eprintln!("tether-testkit: kept {} for inspection", kept.display());
         }
     }
 }

@@ -47,8 +47,8 @@ impl BootstrapToken {
         format!("system:bootstrap:{}", self.id)
     }
 
-    /// Creates the token Secret with `extra_groups` (each must start with `system:bootstrappers:`)
-    /// and an optional RFC 3339 expiry.
+    /// Creates the token Secret (usable for authentication and for signing `cluster-info`) with
+    /// `extra_groups` (each must start with `system:bootstrappers:`) and an optional RFC 3339 expiry.
     pub async fn create(
         &self,
         client: &Client,
@@ -59,6 +59,7 @@ impl BootstrapToken {
             ("token-id".to_string(), self.id.clone()),
             ("token-secret".to_string(), self.secret.clone()),
             ("usage-bootstrap-authentication".to_string(), "true".to_string()),
+            ("usage-bootstrap-signing".to_string(), "true".to_string()),
         ]);
         if !extra_groups.is_empty() {
             data.insert("auth-extra-groups".into(), extra_groups.join(","));

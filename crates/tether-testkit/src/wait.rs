@@ -13,6 +13,7 @@ use crate::Error;
 
 /// Calls `check` every 200 ms until it returns `Ok`, or panics after `timeout` with the last
 /// `Err` it returned: what the test was waiting for and what it saw instead.
+#[allow(clippy::panic)] // NB: a test helper: failing the test is its job.
 pub async fn eventually<T, E, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
 where
     E: Debug,
