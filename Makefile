@@ -30,7 +30,10 @@ build: ## Build every crate
 
 test: tools check-generated lint ## Everything CI checks: tools, generated files, lints, unit and real-cluster tests
 	@echo "== cargo test (real control planes: etcd + kube-apiserver + kube-controller-manager)"
-	$(CARGO) test --locked --workspace --no-fail-fast
+	@mkdir -p target
+	@set -o pipefail; $(CARGO) test --locked --workspace --no-fail-fast 2>&1 | tee target/test-output.log; \
+	  rc=$$?; awk '/^test result:/ {p += $$4; f += $$6} END {printf "\ntests: %d passed, %d failed\n", p, f}' \
+	  target/test-output.log; exit $$rc
 
 clean-tools: ## Remove .tools (the version-keyed cache in ~/.cache/tether stays)
 	rm -rf .tools

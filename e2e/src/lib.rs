@@ -41,3 +41,77 @@ pub fn message(err: &kube::Error) -> String {
         other => other.to_string(),
     }
 }
+
+/// Applies a multi-document RBAC file from `config/rbac/` (ServiceAccounts, ClusterRoles,
+/// ClusterRoleBindings, Roles, RoleBindings), creating namespaces it names.
+pub async fn apply_rbac_file(client: &Client, file: &str) -> Result<(), kube::Error> {
+    use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    use kube::api::{Patch, PatchParams};
+    use serde::Deserialize;
+
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../config/rbac")
+        .join(file);
+    let text = std::fs::read_to_string(&path).map_err(|e| kube::Error::Service(Box::new(e)))?;
+    let pp = PatchParams::apply("tether-e2e").force();
+    for doc in serde_norway::Deserializer::from_str(&text) {
+        let value = serde_json::Value::deserialize(doc).map_err(|e| kube::Error::Service(Box::new(e)))?;
+        let name = value["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let ns = value["metadata"]["namespace"].as_str().map(str::to_string);
+        if let Some(ns) = &ns {
+            let body = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+            Api::<Namespace>::all(client.clone())
+                .patch(ns, &pp, &Patch::Apply(body))
+                .await?;
+        }
+        let ns = ns.unwrap_or_default();
+        let patch = Patch::Apply(value.clone());
+        match value["kind"].as_str() {
+            Some("ServiceAccount") => drop(
+                Api::<ServiceAccount>::namespaced(client.clone(), &ns)
+                    .patch(&name, &pp, &patch)
+                    .await?,
+            ),
+            Some("ClusterRole") => drop(
+                Api::<ClusterRole>::all(client.clone())
+                    .patch(&name, &pp, &patch)
+                    .await?,
+            ),
+            Some("ClusterRoleBinding") => drop(
+                Api::<ClusterRoleBinding>::all(client.clone())
+                    .patch(&name, &pp, &patch)
+                    .await?,
+            ),
+            Some("Role") => drop(
+                Api::<Role>::namespaced(client.clone(), &ns)
+                    .patch(&name, &pp, &patch)
+                    .await?,
+            ),
+            Some("RoleBinding") => drop(
+                Api::<RoleBinding>::namespaced(client.clone(), &ns)
+                    .patch(&name, &pp, &patch)
+                    .await?,
+            ),
+            other => panic!("{file}: unexpected kind {other:?}"),
+        }
+    }
+    Ok(())
+}
+
+/// A short-lived token of a ServiceAccount (TokenRequest), to run a controller with its own RBAC.
+pub async fn service_account_token(client: &Client, ns: &str, name: &str) -> Result<String, kube::Error> {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let req = TokenRequest {
+        spec: TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let got = Api::<ServiceAccount>::namespaced(client.clone(), ns)
+        .create_token_request(name, &PostParams::default(), &req)
+        .await?;
+    Ok(got.status.map(|s| s.token).unwrap_or_default())
+}

@@ -9,6 +9,7 @@ pub mod about;
 pub mod announce;
 pub mod clusterset;
 pub mod crds;
+pub mod duration;
 pub mod managedcluster;
 pub mod registration;
 pub mod validation;
@@ -43,4 +44,10 @@ pub mod properties {
     pub const CLUSTER_ID: &str = "cluster.clusterset.k8s.io";
     /// Holds the ClusterSet ID while the cluster is a member.
     pub const CLUSTER_SET: &str = "clusterset.k8s.io";
+}
+
+/// Annotation keys Tether uses.
+pub mod annotations {
+    /// On a ManagedCluster: the public key the member registered with (to recognise re-registration).
+    pub const PUBLIC_KEY: &str = "multicluster.tether.dev/public-key";
 }

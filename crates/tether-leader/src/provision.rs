@@ -1,0 +1,215 @@
+//! The objects an approved member gets on the leader, built as pure values: its namespace, its
+//! ServiceAccount, a Role confining it to its own ManagedCluster status, its announce and its
+//! own token renewal, the ManagedCluster and the MemberClusterAnnounce slot.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use kube::api::ObjectMeta;
+use tether_api::{
+    ClusterRegistrationRequest, ManagedCluster, ManagedClusterSpec, MemberClusterAnnounce,
+    MemberClusterAnnounceSpec, annotations, labels,
+};
+
+use crate::naming::{AGENT_ROLE, AGENT_SERVICE_ACCOUNT};
+
+/// The field manager of everything the leader writes.
+pub const FIELD_MANAGER: &str = "tether-leader";
+
+/// Everything one member needs on the leader.
+pub struct MemberObjects {
+    /// The dedicated namespace.
+    pub namespace: Namespace,
+    /// The agent's identity.
+    pub service_account: ServiceAccount,
+    /// What the agent may do.
+    pub role: Role,
+    /// Binds the Role to the ServiceAccount.
+    pub role_binding: RoleBinding,
+    /// The leader's record of the member.
+    pub managed_cluster: ManagedCluster,
+    /// The heartbeat slot the agent renews.
+    pub announce: MemberClusterAnnounce,
+}
+
+/// Labels identifying a member's objects.
+pub fn member_labels(set: &str, name: &str, id: &str) -> BTreeMap<String, String> {
+    let mut l = BTreeMap::from([
+        (labels::CLUSTER_SET.to_string(), set.to_string()),
+        (labels::CLUSTER_NAME.to_string(), name.to_string()),
+        (labels::MANAGED_BY.to_string(), FIELD_MANAGER.to_string()),
+    ]);
+    // NB: label values are limited to 63 characters; longer IDs (allowed up to 128) are only in specs.
+    if id.len() <= 63 {
+        l.insert(labels::CLUSTER_ID.to_string(), id.to_string());
+    }
+    l
+}
+
+/// Builds the member's objects for an approved request.
+pub fn member_objects(
+    req: &ClusterRegistrationRequest,
+    set: &str,
+    namespace: &str,
+    heartbeat_seconds: i32,
+) -> MemberObjects {
+    let name = req.spec.cluster_name.as_str();
+    let id = req.spec.cluster_id.as_str();
+    let lbl = member_labels(set, name, id);
+    let meta = |n: &str| ObjectMeta {
+        name: Some(n.to_string()),
+        namespace: Some(namespace.to_string()),
+        labels: Some(lbl.clone()),
+        ..ObjectMeta::default()
+    };
+    let rule = |resources: &[&str], verbs: &[&str], names: Option<&str>, group: &str| PolicyRule {
+        api_groups: Some(vec![group.to_string()]),
+        resources: Some(resources.iter().map(|r| r.to_string()).collect()),
+        verbs: verbs.iter().map(|v| v.to_string()).collect(),
+        resource_names: names.map(|n| vec![n.to_string()]),
+        ..PolicyRule::default()
+    };
+    let group = tether_api::GROUP;
+    let role = Role {
+        metadata: meta(AGENT_ROLE),
+        rules: Some(vec![
+            rule(&["managedclusters"], &["get", "list", "watch"], None, group),
+            rule(
+                &["managedclusters/status"],
+                &["get", "patch", "update"],
+                Some(name),
+                group,
+            ),
+            rule(
+                &["memberclusterannounces"],
+                &["get", "list", "watch"],
+                None,
+                group,
+            ),
+            rule(
+                &["memberclusterannounces"],
+                &["patch", "update", "delete"],
+                Some(name),
+                group,
+            ),
+            rule(
+                &["serviceaccounts/token"],
+                &["create"],
+                Some(AGENT_SERVICE_ACCOUNT),
+                "",
+            ),
+        ]),
+    };
+    let role_binding = RoleBinding {
+        metadata: meta(AGENT_ROLE),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: AGENT_ROLE.into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: AGENT_SERVICE_ACCOUNT.into(),
+            namespace: Some(namespace.to_string()),
+            ..Subject::default()
+        }]),
+    };
+    let mut managed_cluster = ManagedCluster::new(
+        name,
+        ManagedClusterSpec {
+            cluster_id: id.into(),
+            cluster_set: set.into(),
+        },
+    );
+    managed_cluster.metadata = ObjectMeta {
+        annotations: Some(BTreeMap::from([(
+            annotations::PUBLIC_KEY.to_string(),
+            req.spec.public_key.clone(),
+        )])),
+        labels: Some(lbl.clone().into_iter().chain(req.spec.labels.clone()).collect()),
+        ..meta(name)
+    };
+    let mut announce = MemberClusterAnnounce::new(
+        name,
+        MemberClusterAnnounceSpec {
+            cluster_id: id.into(),
+            renew_time: None,
+            heartbeat_interval_seconds: Some(heartbeat_seconds),
+        },
+    );
+    announce.metadata = meta(name);
+    MemberObjects {
+        namespace: Namespace {
+            metadata: ObjectMeta {
+                name: Some(namespace.to_string()),
+                labels: Some(lbl.clone()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        },
+        service_account: ServiceAccount {
+            metadata: meta(AGENT_SERVICE_ACCOUNT),
+            ..ServiceAccount::default()
+        },
+        role,
+        role_binding,
+        managed_cluster,
+        announce,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tether_api::ClusterRegistrationRequestSpec;
+
+    #[test]
+    fn agent_role_grants_only_its_own_objects() {
+        let req = ClusterRegistrationRequest::new(
+            "east-1",
+            ClusterRegistrationRequestSpec {
+                cluster_id: "id-1".into(),
+                cluster_name: "east".into(),
+                public_key: "age1...".into(),
+                agent_version: None,
+                labels: BTreeMap::from([("region".to_string(), "eu".to_string())]),
+            },
+        );
+        let objs = member_objects(&req, "prod", "tether-prod-east", 10);
+        let rules = objs.role.rules.unwrap();
+        for r in &rules {
+            let writes = r
+                .verbs
+                .iter()
+                .any(|v| !["get", "list", "watch"].contains(&v.as_str()));
+            assert!(
+                !writes || r.resource_names.is_some(),
+                "write rule without resourceNames: {r:?}"
+            );
+            assert!(
+                !r.verbs.contains(&"*".to_string())
+                    && !r.resources.as_ref().unwrap().contains(&"*".to_string())
+            );
+            assert!(
+                !r.resources.as_ref().unwrap().iter().any(|x| x == "secrets"),
+                "no Secret access"
+            );
+        }
+        assert_eq!(
+            objs.managed_cluster.labels().get("region").map(String::as_str),
+            Some("eu")
+        );
+        assert_eq!(
+            objs.managed_cluster
+                .labels()
+                .get(labels::CLUSTER_SET)
+                .map(String::as_str),
+            Some("prod")
+        );
+        assert_eq!(objs.announce.spec.heartbeat_interval_seconds, Some(10));
+        assert!(objs.namespace.metadata.namespace.is_none());
+    }
+
+    use kube::ResourceExt;
+}

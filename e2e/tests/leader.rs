@@ -1,0 +1,402 @@
+//! The leader controller on a real API server, running with exactly the RBAC of
+//! `config/rbac/leader.yaml`, against simulated members that hold a bootstrap token.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tether_api::registration::{RegistrationReason, RegistrationResult};
+use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, MemberClusterAnnounce};
+use tether_e2e::{apply_rbac_file, create_raw, message, service_account_token, status_code};
+use tether_testkit::{BootstrapToken, TestCluster, eventually, install_crds};
+use tokio::sync::oneshot;
+
+const HOME: &str = "tether-system";
+
+/// A leader cluster with the CRDs, the leader's RBAC, a `prod` ClusterSet and the leader
+/// controller running as its own ServiceAccount.
+struct Leader {
+    cluster: TestCluster,
+    admin: Client,
+    _stop: oneshot::Sender<()>,
+}
+
+async fn leader(name: &str, approval: serde_json::Value) -> Leader {
+    let cluster = TestCluster::start(name).await.expect("cluster");
+    let admin = cluster.client().expect("admin");
+    let crds: Vec<_> = tether_api::crds::all().into_iter().map(|(_, c)| c).collect();
+    install_crds(&admin, &crds).await.expect("crds");
+    apply_rbac_file(&admin, "leader.yaml").await.expect("leader RBAC");
+    let set = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterSet",
+                     "metadata": {"name": "prod"}, "spec": {"role": "Leader", "leader": {"approval": approval}}});
+    create_raw::<ClusterSet>(&admin, Some(HOME), set)
+        .await
+        .expect("ClusterSet");
+    join_role(&admin).await;
+
+    let token = service_account_token(&admin, HOME, "tether-leader")
+        .await
+        .expect("leader token");
+    let as_leader = cluster.client_with_token(&token).expect("leader client");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let opts = tether_leader::Options {
+        leader_ca: cluster.ca_pem().to_string(),
+        instance: Some("test".into()),
+    };
+    tokio::spawn(tether_leader::run(as_leader, opts, async move {
+        let _ = stopped.await;
+    }));
+    Leader {
+        cluster,
+        admin,
+        _stop: stop,
+    }
+}
+
+/// The join RBAC `tether init` sets up: bootstrappers of set `prod` may create and get requests.
+async fn join_role(admin: &Client) {
+    let meta = ObjectMeta {
+        name: Some("tether-join-prod".into()),
+        namespace: Some(HOME.into()),
+        ..Default::default()
+    };
+    let role = Role {
+        metadata: meta.clone(),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![tether_api::GROUP.into()]),
+            resources: Some(vec!["clusterregistrationrequests".into()]),
+            verbs: vec!["create".into(), "get".into()],
+            ..Default::default()
+        }]),
+    };
+    let binding = RoleBinding {
+        metadata: meta,
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: "tether-join-prod".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "Group".into(),
+            name: "system:bootstrappers:tether:prod".into(),
+            ..Default::default()
+        }]),
+    };
+    Api::<Role>::namespaced(admin.clone(), HOME)
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("role");
+    Api::<RoleBinding>::namespaced(admin.clone(), HOME)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("binding");
+}
+
+/// A simulated agent: a bootstrap token and an X25519 key pair.
+struct Joiner {
+    client: Client,
+    identity: String,
+    public_key: String,
+}
+
+async fn joiner(l: &Leader) -> Joiner {
+    let token = BootstrapToken::random();
+    token
+        .create(&l.admin, &["system:bootstrappers:tether:prod"], None)
+        .await
+        .expect("bootstrap token");
+    let (identity, public_key) = tether_seal::generate_keypair();
+    Joiner {
+        client: l.cluster.client_with_token(&token.token()).expect("client"),
+        identity,
+        public_key,
+    }
+}
+
+async fn register(j: &Joiner, request: &str, name: &str, id: &str) -> ClusterRegistrationRequest {
+    let body = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterRegistrationRequest",
+                      "metadata": {"name": request},
+                      "spec": {"clusterID": id, "clusterName": name, "publicKey": j.public_key}});
+    create_raw::<ClusterRegistrationRequest>(&j.client, Some(HOME), body)
+        .await
+        .expect("create request");
+    let api = Api::<ClusterRegistrationRequest>::namespaced(j.client.clone(), HOME);
+    eventually(
+        &format!("request {request} to be decided"),
+        Duration::from_secs(30),
+        || async {
+            let r = api.get(request).await.map_err(|e| e.to_string())?;
+            match r.status.as_ref().map(|s| s.result) {
+                Some(RegistrationResult::Pending) | None => Err(format!("{:?}", r.status)),
+                _ => Ok(r),
+            }
+        },
+    )
+    .await
+}
+
+fn result(r: &ClusterRegistrationRequest) -> (RegistrationResult, RegistrationReason) {
+    let s = r.status.clone().unwrap_or_default();
+    (s.result, s.reason)
+}
+
+#[tokio::test]
+async fn approved_member_gets_a_sealed_credential_confined_to_its_own_namespace() {
+    let l = leader("leader-approve", json!({"mode": "Automatic"})).await;
+    let east = joiner(&l).await;
+    let west = joiner(&l).await;
+    let e = register(&east, "east-1", "east", "id-east").await;
+    let w = register(&west, "west-1", "west", "id-west").await;
+    assert_eq!(
+        result(&e),
+        (RegistrationResult::Approved, RegistrationReason::Approved),
+        "{:?}",
+        e.status
+    );
+    assert_eq!(result(&w).0, RegistrationResult::Approved);
+
+    // The credential opens only with east's key, and nothing usable is in clear text.
+    let sealed = e
+        .status
+        .as_ref()
+        .and_then(|s| s.credential.as_ref())
+        .expect("credential")
+        .sealed
+        .clone();
+    let cred = tether_seal::unseal(&sealed, &east.identity).expect("east unseals its credential");
+    assert!(
+        tether_seal::unseal(&sealed, &west.identity).is_err(),
+        "another member cannot unseal it"
+    );
+    let visible = serde_json::to_string(&e).expect("json");
+    assert!(
+        !visible.contains(&cred.token),
+        "the token must not be readable in the request"
+    );
+    assert_eq!(cred.namespace, "tether-prod-east");
+    assert_eq!(cred.ca_cert, l.cluster.ca_pem());
+
+    // The leader created the member's objects.
+    let ns = Api::<Namespace>::all(l.admin.clone())
+        .get("tether-prod-east")
+        .await
+        .expect("namespace");
+    assert_eq!(
+        ns.labels()
+            .get(tether_api::labels::CLUSTER_SET)
+            .map(String::as_str),
+        Some("prod")
+    );
+    let mc = Api::<ManagedCluster>::namespaced(l.admin.clone(), "tether-prod-east")
+        .get("east")
+        .await
+        .expect("mcls");
+    assert_eq!(mc.spec.cluster_id, "id-east");
+
+    // The member's token does its job...
+    let member = l.cluster.client_with_token(&cred.token).expect("member client");
+    let own = "tether-prod-east";
+    let pp = PatchParams::default();
+    Api::<ManagedCluster>::namespaced(member.clone(), own)
+        .patch_status(
+            "east",
+            &pp,
+            &Patch::Merge(json!({"status": {"kubernetesVersion": "v1.34.4"}})),
+        )
+        .await
+        .expect("member reports its ManagedCluster status");
+    Api::<MemberClusterAnnounce>::namespaced(member.clone(), own)
+        .patch(
+            "east",
+            &pp,
+            &Patch::Merge(json!({"spec": {"renewTime": "2026-11-29T10:00:00.000000Z"}})),
+        )
+        .await
+        .expect("member renews its announce");
+    service_account_token(&member, own, &cred.service_account)
+        .await
+        .expect("member renews its own token");
+
+    // ...and nothing else.
+    let other = "tether-prod-west";
+    let checks = vec![
+        (
+            "read another member's ManagedCluster",
+            Api::<ManagedCluster>::namespaced(member.clone(), other)
+                .get("west")
+                .await
+                .err(),
+        ),
+        (
+            "write another member's status",
+            Api::<ManagedCluster>::namespaced(member.clone(), other)
+                .patch_status("west", &pp, &Patch::Merge(json!({"status": {"platform": "x"}})))
+                .await
+                .err(),
+        ),
+        (
+            "renew another member's announce",
+            Api::<MemberClusterAnnounce>::namespaced(member.clone(), other)
+                .patch(
+                    "west",
+                    &pp,
+                    &Patch::Merge(json!({"spec": {"renewTime": "2026-11-29T10:00:00.000000Z"}})),
+                )
+                .await
+                .err(),
+        ),
+        (
+            "change its own ManagedCluster spec",
+            Api::<ManagedCluster>::namespaced(member.clone(), own)
+                .patch(
+                    "east",
+                    &pp,
+                    &Patch::Merge(json!({"spec": {"clusterSet": "other"}})),
+                )
+                .await
+                .err(),
+        ),
+        (
+            "read its own namespace's Secrets",
+            Api::<Secret>::namespaced(member.clone(), own)
+                .list(&ListParams::default())
+                .await
+                .err(),
+        ),
+        (
+            "write the ClusterSet spec",
+            Api::<ClusterSet>::namespaced(member.clone(), HOME)
+                .patch(
+                    "prod",
+                    &pp,
+                    &Patch::Merge(json!({"spec": {"leader": {"heartbeatInterval": "1s"}}})),
+                )
+                .await
+                .err(),
+        ),
+        (
+            "read registration requests",
+            Api::<ClusterRegistrationRequest>::namespaced(member.clone(), HOME)
+                .get("west-1")
+                .await
+                .err(),
+        ),
+    ];
+    for (what, err) in checks {
+        let err: Option<kube::Error> = err;
+        assert_eq!(
+            err.as_ref().and_then(status_code),
+            Some(403),
+            "a member must not {what}: {:?}",
+            err.map(|e| message(&e))
+        );
+    }
+    let other_token = service_account_token(&member, other, "tether-agent").await;
+    assert_eq!(
+        other_token.err().as_ref().and_then(status_code),
+        Some(403),
+        "a member must not mint another's token"
+    );
+}
+
+#[tokio::test]
+async fn duplicates_are_denied_and_the_same_cluster_rejoins() {
+    let l = leader("leader-dupes", json!({"mode": "Automatic"})).await;
+    let east = joiner(&l).await;
+    let first = register(&east, "east-1", "east", "id-east").await;
+    assert_eq!(result(&first).0, RegistrationResult::Approved);
+    // The leader's ManagedCluster store must see east before the next decisions.
+    let mcs = Api::<ManagedCluster>::all(l.admin.clone());
+    eventually("east's ManagedCluster", Duration::from_secs(10), || async {
+        mcs.list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|l| {
+                if l.items.is_empty() {
+                    Err("none yet".to_string())
+                } else {
+                    Ok(())
+                }
+            })
+    })
+    .await;
+
+    let impostor = joiner(&l).await;
+    let same_id = register(&impostor, "east-2", "other", "id-east").await;
+    assert_eq!(
+        result(&same_id),
+        (RegistrationResult::Denied, RegistrationReason::DuplicateClusterID)
+    );
+    let same_name = register(&impostor, "east-3", "east", "id-other").await;
+    assert_eq!(
+        result(&same_name),
+        (
+            RegistrationResult::Denied,
+            RegistrationReason::DuplicateClusterName
+        )
+    );
+    let message = same_name.status.and_then(|s| s.message).unwrap_or_default();
+    assert!(
+        message.contains("choose another --name"),
+        "denial says what to do: {message}"
+    );
+
+    let again = register(&east, "east-4", "east", "id-east").await;
+    assert_eq!(
+        result(&again).0,
+        RegistrationResult::Approved,
+        "same ID and key re-registers"
+    );
+    let cred = tether_seal::unseal(
+        &again.status.and_then(|s| s.credential).expect("cred").sealed,
+        &east.identity,
+    )
+    .expect("fresh credential");
+    assert_eq!(cred.namespace, "tether-prod-east", "the namespace is reused");
+    let namespaces = Api::<Namespace>::all(l.admin.clone())
+        .list(&ListParams::default().labels(tether_api::labels::CLUSTER_SET))
+        .await
+        .expect("list");
+    assert_eq!(namespaces.items.len(), 1, "no duplicate namespaces");
+}
+
+#[tokio::test]
+async fn manual_approval_waits_for_an_admin_decision() {
+    let l = leader("leader-manual", json!({"mode": "Manual"})).await;
+    let east = joiner(&l).await;
+    let body = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterRegistrationRequest",
+                      "metadata": {"name": "east-1"},
+                      "spec": {"clusterID": "id-east", "clusterName": "east", "publicKey": east.public_key}});
+    create_raw::<ClusterRegistrationRequest>(&east.client, Some(HOME), body)
+        .await
+        .expect("request");
+    let api = Api::<ClusterRegistrationRequest>::namespaced(l.admin.clone(), HOME);
+    eventually(
+        "the request to await approval",
+        Duration::from_secs(30),
+        || async {
+            let r = api.get("east-1").await.map_err(|e| e.to_string())?;
+            match result(&r) {
+                (RegistrationResult::Pending, RegistrationReason::AwaitingApproval) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    let decision = Patch::Merge(json!({"status": {"decision": {"action": "Approve"}}}));
+    api.patch_status("east-1", &PatchParams::default(), &decision)
+        .await
+        .expect("admin approves");
+    eventually("the request to be approved", Duration::from_secs(30), || async {
+        let r = api.get("east-1").await.map_err(|e| e.to_string())?;
+        if result(&r).0 == RegistrationResult::Approved {
+            Ok(())
+        } else {
+            Err(format!("{:?}", r.status))
+        }
+    })
+    .await;
+}
