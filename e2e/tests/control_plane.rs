@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::jiff::{Timestamp, ToSpan};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -28,12 +27,7 @@ fn meta(name: &str, ns: Option<&str>) -> ObjectMeta {
 }
 
 async fn namespace(client: &Client, name: &str) {
-    let ns = Namespace {
-        metadata: meta(name, None),
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
+    tether_e2e::create_namespace(client, name)
         .await
         .expect("namespace");
 }
@@ -42,41 +36,6 @@ fn request(name: &str) -> serde_json::Value {
     json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterRegistrationRequest",
            "metadata": {"name": name},
            "spec": {"clusterID": "id-1", "clusterName": "east", "publicKey": AGE_KEY}})
-}
-
-/// The join Role DESIGN.md describes: create and read registration requests in the home namespace.
-async fn join_role(client: &Client, ns: &str) {
-    let role = Role {
-        metadata: meta("tether-join-prod", Some(ns)),
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec![tether_api::GROUP.into()]),
-            resources: Some(vec!["clusterregistrationrequests".into()]),
-            verbs: vec!["create".into(), "get".into()],
-            ..Default::default()
-        }]),
-    };
-    let binding = RoleBinding {
-        metadata: meta("tether-join-prod", Some(ns)),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: "tether-join-prod".into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "Group".into(),
-            name: GROUP.into(),
-            ..Default::default()
-        }]),
-    };
-    let pp = PostParams::default();
-    Api::<Role>::namespaced(client.clone(), ns)
-        .create(&pp, &role)
-        .await
-        .expect("role");
-    Api::<RoleBinding>::namespaced(client.clone(), ns)
-        .create(&pp, &binding)
-        .await
-        .expect("binding");
 }
 
 async fn whoami(client: &Client) -> Result<(String, Vec<String>), kube::Error> {
@@ -104,7 +63,9 @@ async fn bootstrap_token_authenticates_with_its_set_group_and_gets_only_its_role
     install_crds(&admin, &crds).await.expect("crds");
     namespace(&admin, "tether-system").await;
     namespace(&admin, "elsewhere").await;
-    join_role(&admin, "tether-system").await;
+    tether_e2e::join_role(&admin, "tether-system", "prod")
+        .await
+        .expect("join RBAC");
     let token = BootstrapToken::random();
     token
         .create(&admin, &[GROUP], Some(&rfc3339_in(3600)))

@@ -3,8 +3,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, CustomResourceExt};
 use serde_json::{Value, json};
 use tether_api::about::ClusterProperty;
@@ -30,15 +29,7 @@ async fn cluster_with_crds(name: &str) -> (TestCluster, Client) {
 }
 
 async fn namespace(client: &Client, name: &str) {
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
+    tether_e2e::create_namespace(client, name)
         .await
         .expect("namespace");
 }

@@ -4,8 +4,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
-use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tether_api::registration::{RegistrationReason, RegistrationResult};
@@ -35,7 +34,9 @@ async fn leader(name: &str, approval: serde_json::Value) -> Leader {
     create_raw::<ClusterSet>(&admin, Some(HOME), set)
         .await
         .expect("ClusterSet");
-    join_role(&admin).await;
+    tether_e2e::join_role(&admin, HOME, "prod")
+        .await
+        .expect("join RBAC");
 
     let token = service_account_token(&admin, HOME, "tether-leader")
         .await
@@ -54,45 +55,6 @@ async fn leader(name: &str, approval: serde_json::Value) -> Leader {
         admin,
         _stop: stop,
     }
-}
-
-/// The join RBAC `tether init` sets up: bootstrappers of set `prod` may create and get requests.
-async fn join_role(admin: &Client) {
-    let meta = ObjectMeta {
-        name: Some("tether-join-prod".into()),
-        namespace: Some(HOME.into()),
-        ..Default::default()
-    };
-    let role = Role {
-        metadata: meta.clone(),
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec![tether_api::GROUP.into()]),
-            resources: Some(vec!["clusterregistrationrequests".into()]),
-            verbs: vec!["create".into(), "get".into()],
-            ..Default::default()
-        }]),
-    };
-    let binding = RoleBinding {
-        metadata: meta,
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: "tether-join-prod".into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "Group".into(),
-            name: "system:bootstrappers:tether:prod".into(),
-            ..Default::default()
-        }]),
-    };
-    Api::<Role>::namespaced(admin.clone(), HOME)
-        .create(&PostParams::default(), &role)
-        .await
-        .expect("role");
-    Api::<RoleBinding>::namespaced(admin.clone(), HOME)
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("binding");
 }
 
 /// A simulated agent: a bootstrap token and an X25519 key pair.
