@@ -13,7 +13,7 @@ use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, P
 use serde_json::json;
 use tether_api::{ClusterRegistrationRequest, ClusterSet};
 use tether_e2e::{create_raw, message, status_code};
-use tether_testkit::{BootstrapToken, TestCluster, eventually, install_crds};
+use tether_testkit::{BootstrapToken, TestCluster, eventually, install_tether_crds};
 
 const GROUP: &str = "system:bootstrappers:tether:prod";
 const AGE_KEY: &str = "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p";
@@ -59,8 +59,7 @@ async fn bootstrap_token_authenticates_with_its_set_group_and_gets_only_its_role
         .await
         .expect("cluster");
     let admin = cluster.client().expect("admin");
-    let crds: Vec<_> = tether_api::crds::all().into_iter().map(|(_, c)| c).collect();
-    install_crds(&admin, &crds).await.expect("crds");
+    install_tether_crds(&admin).await.expect("crds");
     namespace(&admin, "tether-system").await;
     namespace(&admin, "elsewhere").await;
     tether_e2e::join_role(&admin, "tether-system", "prod")
@@ -202,8 +201,7 @@ async fn bootstrap_signer_signs_cluster_info_for_each_token() {
 async fn deleting_a_namespace_removes_the_tether_objects_in_it() {
     let cluster = TestCluster::start("namespace-deletion").await.expect("cluster");
     let admin = cluster.client().expect("admin");
-    let crds: Vec<_> = tether_api::crds::all().into_iter().map(|(_, c)| c).collect();
-    install_crds(&admin, &crds).await.expect("crds");
+    install_tether_crds(&admin).await.expect("crds");
     namespace(&admin, "prod-east").await;
     create_raw::<ClusterRegistrationRequest>(&admin, Some("prod-east"), request("east-1"))
         .await
@@ -246,8 +244,7 @@ async fn two_clusters_started_in_one_test_are_independent() {
     );
     let (a, b) = (a.expect("cluster a"), b.expect("cluster b"));
     let (ca, cb) = (a.client().expect("a"), b.client().expect("b"));
-    let crds: Vec<_> = tether_api::crds::all().into_iter().map(|(_, c)| c).collect();
-    install_crds(&ca, &crds).await.expect("crds in a");
+    install_tether_crds(&ca).await.expect("crds in a");
     namespace(&ca, "only-in-a").await;
 
     let in_b = Api::<Namespace>::all(cb.clone())

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tether_api::about::ClusterProperty;
 use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, MemberClusterAnnounce};
 use tether_e2e::{create_raw, dynamic, message, status_code};
-use tether_testkit::{TestCluster, eventually, install_crds};
+use tether_testkit::{TestCluster, eventually, install_tether_crds};
 
 const AGE_KEY: &str = "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p";
 const CA_HASH: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
@@ -21,8 +21,7 @@ async fn cluster_with_crds(name: &str) -> (TestCluster, Client) {
         .await
         .expect("cluster starts");
     let client = cluster.client().expect("admin client");
-    let crds: Vec<_> = tether_api::crds::all().into_iter().map(|(_, crd)| crd).collect();
-    install_crds(&client, &crds)
+    install_tether_crds(&client)
         .await
         .expect("CRDs install and become Established");
     (cluster, client)

@@ -10,7 +10,7 @@ use serde_json::json;
 use tether_api::registration::{RegistrationReason, RegistrationResult};
 use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, MemberClusterAnnounce};
 use tether_e2e::{apply_rbac_file, create_raw, message, service_account_token, status_code};
-use tether_testkit::{BootstrapToken, TestCluster, eventually, install_crds};
+use tether_testkit::{BootstrapToken, TestCluster, eventually, install_tether_crds};
 use tokio::sync::oneshot;
 
 const HOME: &str = "tether-system";
@@ -26,8 +26,7 @@ struct Leader {
 async fn leader(name: &str, approval: serde_json::Value) -> Leader {
     let cluster = TestCluster::start(name).await.expect("cluster");
     let admin = cluster.client().expect("admin");
-    let crds: Vec<_> = tether_api::crds::all().into_iter().map(|(_, c)| c).collect();
-    install_crds(&admin, &crds).await.expect("crds");
+    install_tether_crds(&admin).await.expect("crds");
     apply_rbac_file(&admin, "leader.yaml").await.expect("leader RBAC");
     let set = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterSet",
                      "metadata": {"name": "prod"}, "spec": {"role": "Leader", "leader": {"approval": approval}}});

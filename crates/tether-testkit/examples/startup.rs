@@ -16,21 +16,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("  seq{i}: {:.2?}", cluster.startup_time());
     }
     let t = Instant::now();
-    let clusters =
-        futures_join((0..n).map(|i| async move { TestCluster::start(&format!("par{i}")).await })).await;
+    let clusters = futures::future::join_all(
+        (0..n).map(|i| async move { TestCluster::start(&format!("par{i}")).await }),
+    )
+    .await;
     println!("parallel ({n} at once): all ready in {:.2?}", t.elapsed());
     for c in clusters {
         let c = c?;
         println!("  {}: {:.2?}", c.name(), c.startup_time());
     }
     Ok(())
-}
-
-async fn futures_join<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let handles: Vec<_> = futs.collect();
-    let mut out = Vec::new();
-    // Start-up is mostly waiting on child processes, so polling them concurrently is enough.
-    let joined = futures::future::join_all(handles).await;
-    out.extend(joined);
-    out
 }

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 pub use cluster::{ClusterBuilder, TestCluster};
 pub use tokens::BootstrapToken;
 pub use tools::Tools;
-pub use wait::{eventually, install_crds};
+pub use wait::{eventually, install_crds, install_tether_crds};
 
 /// What can go wrong while starting or using a test cluster.
 #[derive(Debug, thiserror::Error)]

@@ -32,6 +32,12 @@ where
     }
 }
 
+/// Installs every Tether CRD (`tether_api::crds::all`) and waits until each is Established.
+pub async fn install_tether_crds(client: &Client) -> Result<(), Error> {
+    let crds: Vec<_> = tether_api::crds::all().into_iter().map(|(_, crd)| crd).collect();
+    install_crds(client, &crds).await
+}
+
 /// Applies CRDs (server-side) and waits until each is Established.
 pub async fn install_crds(client: &Client, crds: &[CustomResourceDefinition]) -> Result<(), Error> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
