@@ -1,5 +1,8 @@
 //! Helpers shared by the end-to-end tests: access to Tether kinds as untyped objects (so tests
-//! can send what the Rust types would refuse to build) and API error inspection.
+//! can send what the Rust types would refuse to build), API error inspection, RBAC set-up, and
+//! (`sim`) a leader with simulated members.
+
+pub mod sim;
 
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::ApiResource;
@@ -24,6 +27,15 @@ pub async fn create_raw<K: Resource<DynamicType = ()>>(
     dynamic::<K>(client, ns)
         .create(&PostParams::default(), &obj)
         .await
+}
+
+/// Sends the controllers' logs (RUST_LOG, default `info` for Tether) to the test output.
+pub fn init_logs() {
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,tether_leader=info".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_test_writer()
+        .try_init();
 }
 
 /// The HTTP status code of an API error, if it is one.
@@ -125,6 +137,7 @@ pub async fn join_role(client: &Client, ns: &str, set: &str) -> Result<(), kube:
     let meta = ObjectMeta {
         name: Some(name.clone()),
         namespace: Some(ns.into()),
+        labels: Some([(tether_api::labels::CLUSTER_SET.to_string(), set.to_string())].into()),
         ..Default::default()
     };
     let role = Role {

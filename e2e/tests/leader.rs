@@ -4,99 +4,21 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::{Client, ResourceExt};
 use serde_json::json;
 use tether_api::registration::{RegistrationReason, RegistrationResult};
 use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, MemberClusterAnnounce};
-use tether_e2e::{apply_rbac_file, create_raw, message, service_account_token, status_code};
-use tether_testkit::{BootstrapToken, TestCluster, eventually, install_tether_crds};
-use tokio::sync::oneshot;
-
-const HOME: &str = "tether-system";
-
-/// A leader cluster with the CRDs, the leader's RBAC, a `prod` ClusterSet and the leader
-/// controller running as its own ServiceAccount.
-struct Leader {
-    cluster: TestCluster,
-    admin: Client,
-    _stop: oneshot::Sender<()>,
-}
+use tether_e2e::sim::{self, HOME, Joiner, Leader, register};
+use tether_e2e::{create_raw, message, service_account_token, status_code};
+use tether_testkit::eventually;
 
 async fn leader(name: &str, approval: serde_json::Value) -> Leader {
-    let cluster = TestCluster::start(name).await.expect("cluster");
-    let admin = cluster.client().expect("admin");
-    install_tether_crds(&admin).await.expect("crds");
-    apply_rbac_file(&admin, "leader.yaml").await.expect("leader RBAC");
-    let set = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterSet",
-                     "metadata": {"name": "prod"}, "spec": {"role": "Leader", "leader": {"approval": approval}}});
-    create_raw::<ClusterSet>(&admin, Some(HOME), set)
-        .await
-        .expect("ClusterSet");
-    tether_e2e::join_role(&admin, HOME, "prod")
-        .await
-        .expect("join RBAC");
-
-    let token = service_account_token(&admin, HOME, "tether-leader")
-        .await
-        .expect("leader token");
-    let as_leader = cluster.client_with_token(&token).expect("leader client");
-    let (stop, stopped) = oneshot::channel::<()>();
-    let opts = tether_leader::Options {
-        leader_ca: cluster.ca_pem().to_string(),
-        instance: Some("test".into()),
-    };
-    tokio::spawn(tether_leader::run(as_leader, opts, async move {
-        let _ = stopped.await;
-    }));
-    Leader {
-        cluster,
-        admin,
-        _stop: stop,
-    }
-}
-
-/// A simulated agent: a bootstrap token and an X25519 key pair.
-struct Joiner {
-    client: Client,
-    identity: String,
-    public_key: String,
+    Leader::start(name, json!({ "approval": approval })).await
 }
 
 async fn joiner(l: &Leader) -> Joiner {
-    let token = BootstrapToken::random();
-    token
-        .create(&l.admin, &["system:bootstrappers:tether:prod"], None)
-        .await
-        .expect("bootstrap token");
-    let (identity, public_key) = tether_seal::generate_keypair();
-    Joiner {
-        client: l.cluster.client_with_token(&token.token()).expect("client"),
-        identity,
-        public_key,
-    }
-}
-
-async fn register(j: &Joiner, request: &str, name: &str, id: &str) -> ClusterRegistrationRequest {
-    let body = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterRegistrationRequest",
-                      "metadata": {"name": request},
-                      "spec": {"clusterID": id, "clusterName": name, "publicKey": j.public_key}});
-    create_raw::<ClusterRegistrationRequest>(&j.client, Some(HOME), body)
-        .await
-        .expect("create request");
-    let api = Api::<ClusterRegistrationRequest>::namespaced(j.client.clone(), HOME);
-    eventually(
-        &format!("request {request} to be decided"),
-        Duration::from_secs(30),
-        || async {
-            let r = api.get(request).await.map_err(|e| e.to_string())?;
-            match r.status.as_ref().map(|s| s.result) {
-                Some(RegistrationResult::Pending) | None => Err(format!("{:?}", r.status)),
-                _ => Ok(r),
-            }
-        },
-    )
-    .await
+    sim::joiner(&l.cluster, &l.admin).await
 }
 
 fn result(r: &ClusterRegistrationRequest) -> (RegistrationResult, RegistrationReason) {
@@ -132,10 +54,21 @@ async fn approved_member_gets_a_sealed_credential_confined_to_its_own_namespace(
         tether_seal::unseal(&sealed, &west.identity).is_err(),
         "another member cannot unseal it"
     );
-    let visible = serde_json::to_string(&e).expect("json");
+    // A second bootstrap-token holder reads east's request: nothing in it is usable.
+    let reader = joiner(&l).await;
+    let read = Api::<ClusterRegistrationRequest>::namespaced(reader.client.clone(), HOME)
+        .get("east-1")
+        .await
+        .expect("a joiner may read a request by name");
+    let visible = serde_json::to_string(&read).expect("json");
     assert!(
         !visible.contains(&cred.token),
         "the token must not be readable in the request"
+    );
+    let sealed_seen = read.status.and_then(|s| s.credential).expect("credential").sealed;
+    assert!(
+        tether_seal::unseal(&sealed_seen, &reader.identity).is_err(),
+        "a reader cannot unseal another member's credential"
     );
     assert_eq!(cred.namespace, "tether-prod-east");
     assert_eq!(cred.ca_cert, l.cluster.ca_pem());

@@ -50,4 +50,24 @@ pub mod properties {
 pub mod annotations {
     /// On a ManagedCluster: the public key the member registered with (to recognise re-registration).
     pub const PUBLIC_KEY: &str = "multicluster.tether.dev/public-key";
+    /// On a Leader ClusterSet: `"true"` lets its deletion remove every remaining member
+    /// (`tether destroy --force`).
+    pub const FORCE_DELETE: &str = "multicluster.tether.dev/force-delete";
+}
+
+/// The finalizer the leader puts on Leader ClusterSets, to remove members and tokens first.
+pub const LEADER_FINALIZER: &str = "multicluster.tether.dev/leader-cleanup";
+
+/// Condition types and reasons shared by the controllers, the CLI and the tests.
+pub mod conditions {
+    /// ManagedCluster: the member heartbeats. ClusterSet: the set is served.
+    pub const READY: &str = "Ready";
+    /// ClusterSet (leader): deletion waits for members to leave.
+    pub const DELETION_BLOCKED: &str = "DeletionBlocked";
+    /// Ready=Unknown: no heartbeat within the set's gracePeriod.
+    pub const HEARTBEAT_EXPIRED: &str = "HeartbeatExpired";
+    /// Ready=Unknown: approved, no heartbeat yet.
+    pub const AWAITING_HEARTBEAT: &str = "AwaitingHeartbeat";
+    /// Ready=True: heartbeats arrive.
+    pub const HEARTBEAT_RECEIVED: &str = "HeartbeatReceived";
 }

@@ -1,25 +1,37 @@
-//! Tether's leader controller: approves member registrations and provisions each member's
-//! namespace, identity and sealed credential. `run` wires the controller; the logic lives in
-//! `policy` (decisions) and `provision` (desired objects), both pure.
+//! Tether's leader controller: approves member registrations, provisions each member's namespace,
+//! identity and sealed credential, tracks member health from heartbeats, keeps ClusterSet status
+//! and removes members and sets cleanly. `run` wires three controllers over shared caches; the
+//! logic lives in pure modules (`policy`, `provision`, `health`, `status`).
+//!
+//! Every replica runs the controllers and keeps its caches warm; only the holder of the lease
+//! (a `watch` of "am I leader", passed in) acts, and every write checks it (`write.rs`).
 
+pub mod cleanup;
+pub mod clusterset;
+pub mod health;
+pub mod members;
 pub mod metrics;
 pub mod naming;
 pub mod policy;
 pub mod provision;
 pub mod registration;
+pub mod status;
+pub mod write;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use kube::runtime::controller::{Action, Controller};
+use futures::{Stream, StreamExt};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster};
-use tracing::warn;
+use tether_api::clusterset::ClusterSetRole;
+use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, MemberClusterAnnounce, labels};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
 
 pub use metrics::Metrics;
 
@@ -29,6 +41,12 @@ pub struct Options {
     pub leader_ca: String,
     /// Name of this replica, for Events.
     pub instance: Option<String>,
+    /// Whether this replica holds the lease; only then does it write.
+    pub leader: watch::Receiver<bool>,
+    /// Set once the caches are complete (for `/readyz`).
+    pub ready: watch::Sender<bool>,
+    /// Where the controllers count what they do.
+    pub metrics: Metrics,
 }
 
 /// Shared state of the leader's reconcilers.
@@ -39,12 +57,62 @@ pub struct Context {
     pub sets: Store<ClusterSet>,
     /// Every ManagedCluster the leader created.
     pub clusters: Store<ManagedCluster>,
+    /// Every member's heartbeat slot.
+    pub announces: Store<MemberClusterAnnounce>,
+    /// Every registration request.
+    pub requests: Store<ClusterRegistrationRequest>,
+    /// When each member last renewed, as this replica saw it.
+    pub health: health::Tracker,
     /// Publishes Events.
     pub recorder: Recorder,
     /// PEM CA bundle of the leader's API server.
     pub leader_ca: String,
     /// Prometheus metrics.
     pub metrics: Metrics,
+    /// Whether this replica holds the lease.
+    pub leader: watch::Receiver<bool>,
+    /// True once every cache is complete.
+    pub synced: watch::Receiver<bool>,
+}
+
+impl Context {
+    /// Whether this replica may write.
+    pub fn is_leader(&self) -> bool {
+        *self.leader.borrow()
+    }
+
+    /// Refuses a write when this replica is not the leader.
+    pub fn ensure_leader(&self) -> Result<(), Error> {
+        if self.is_leader() {
+            Ok(())
+        } else {
+            Err(Error::NotLeader)
+        }
+    }
+
+    /// Waits until every cache is complete: a decision on a partial cache could approve a duplicate.
+    pub async fn wait_ready(&self) {
+        let _ = self.synced.clone().wait_for(|synced| *synced).await;
+    }
+
+    /// Waits for the caches themselves (one waiter only; see `run`).
+    async fn wait_caches(&self) {
+        let _ = futures::join!(
+            self.sets.wait_until_ready(),
+            self.clusters.wait_until_ready(),
+            self.announces.wait_until_ready(),
+            self.requests.wait_until_ready()
+        );
+    }
+
+    /// The Leader ClusterSet named `name`.
+    // NB: set names are unique on a leader: member namespaces and labels carry only the name.
+    pub fn leader_set(&self, name: &str) -> Option<Arc<ClusterSet>> {
+        self.sets
+            .state()
+            .into_iter()
+            .find(|s| s.name_any() == name && s.spec.role == ClusterSetRole::Leader)
+    }
 }
 
 /// Errors of the leader's reconcilers.
@@ -66,6 +134,20 @@ pub enum Error {
     /// An object could not be serialized.
     #[error("serialize: {0}")]
     Serialize(String),
+    /// This replica lost the lease; it does not write.
+    #[error("not the leader")]
+    NotLeader,
+    /// A ClusterSet's deletion waits for its members to leave.
+    #[error("ClusterSet {name} still has {members} member(s)")]
+    DeletionBlocked {
+        /// The set.
+        name: String,
+        /// How many members remain.
+        members: usize,
+    },
+    /// Adding or removing the finalizer failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
     /// Something that cannot happen did.
     #[error("invariant violated: {0}")]
     Invariant(&'static str),
@@ -78,76 +160,182 @@ impl Error {
             Error::Api { op, .. } => op,
             Error::Seal(_) => "seal",
             Error::Serialize(_) => "serialize",
+            Error::NotLeader => "not_leader",
+            Error::DeletionBlocked { .. } => "deletion_blocked",
+            Error::Finalizer(e) => match e.as_ref() {
+                kube::runtime::finalizer::Error::ApplyFailed(inner)
+                | kube::runtime::finalizer::Error::CleanupFailed(inner) => inner.label(),
+                _ => "finalizer",
+            },
             Error::Invariant(_) => "invariant",
         }
     }
 }
 
-fn error_policy(req: Arc<ClusterRegistrationRequest>, err: &Error, ctx: Arc<Context>) -> Action {
-    warn!(request = %req.name_any(), error = err as &dyn std::error::Error, "Reconcile failed; retrying");
+fn error_policy<K: kube::Resource<DynamicType = ()>>(obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> Action {
+    match err {
+        // Leadership regained re-runs every reconcile.
+        Error::NotLeader => return Action::await_change(),
+        Error::DeletionBlocked { .. } => return Action::requeue(clusterset::BLOCKED_RETRY),
+        Error::Finalizer(e)
+            if matches!(
+                e.as_ref(),
+                kube::runtime::finalizer::Error::CleanupFailed(Error::DeletionBlocked { .. })
+            ) =>
+        {
+            return Action::requeue(clusterset::BLOCKED_RETRY);
+        }
+        _ => {}
+    }
+    warn!(kind = %K::kind(&()), object = %write::key(obj.as_ref()), error = err as &dyn std::error::Error,
+          "Reconcile failed; retrying");
     ctx.metrics.reconcile_error(err.label());
     Action::requeue(Duration::from_secs(5))
 }
 
-/// Runs the leader controller until `shutdown` resolves.
-pub async fn run(client: Client, opts: Options, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
-    let (sets, sets_writer) = reflector::store();
-    let sets_stream = reflector::reflector(
-        sets_writer,
-        watcher(Api::<ClusterSet>::all(client.clone()), watcher::Config::default()),
+/// A stream that emits each time this replica becomes the leader.
+fn on_gaining(leader: watch::Receiver<bool>) -> impl Stream<Item = ()> + Send + 'static {
+    futures::stream::unfold(leader, |mut rx| async move {
+        loop {
+            rx.changed().await.ok()?;
+            if *rx.borrow_and_update() {
+                return Some(((), rx));
+            }
+        }
+    })
+}
+
+/// Runs the leader's controllers until `shutdown` is cancelled.
+pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
+    let cfg = controller::Config::default().concurrency(16);
+
+    // Registration requests: the primary of the registration controller; its cache counts Pending.
+    let registration = Controller::new(
+        Api::<ClusterRegistrationRequest>::all(client.clone()),
+        watcher::Config::default(),
     )
-    .default_backoff()
-    .touched_objects()
-    .for_each(|_| async {});
-    tokio::spawn(sets_stream);
+    .with_config(cfg.clone());
+    let requests = registration.store();
+
+    // ClusterSets: the primary of the set controller; status is debounced, so a burst of member
+    // changes becomes one write.
+    let sets_ctl = Controller::new(Api::<ClusterSet>::all(client.clone()), watcher::Config::default())
+        .with_config(cfg.clone().debounce(Duration::from_secs(1)));
+    let sets = sets_ctl.store();
+
+    // ManagedClusters and announces: one watch each, shared by the member controller's trigger
+    // and the caches the other controllers read.
+    let selector = watcher::Config::default().labels(labels::CLUSTER_SET);
     let (clusters, clusters_writer) = reflector::store();
-    let cluster_cfg = watcher::Config::default().labels(tether_api::labels::CLUSTER_SET);
     let clusters_stream = reflector::reflector(
         clusters_writer,
-        watcher(Api::<ManagedCluster>::all(client.clone()), cluster_cfg),
+        watcher(Api::<ManagedCluster>::all(client.clone()), selector.clone()),
     )
     .default_backoff()
-    .touched_objects()
-    .for_each(|_| async {});
-    tokio::spawn(clusters_stream);
+    .touched_objects();
+    let (announces, announces_writer) = reflector::store();
+    let announces_stream = reflector::reflector(
+        announces_writer,
+        watcher(
+            Api::<MemberClusterAnnounce>::all(client.clone()),
+            selector.clone(),
+        ),
+    )
+    .default_backoff()
+    .touched_objects();
 
     let reporter = Reporter {
         controller: "tether-leader".into(),
         instance: opts.instance.clone(),
     };
+    // NB: `Store::wait_until_ready` wakes only its latest waiter, so one task waits for the
+    // caches and publishes the result on a watch channel that any number of reconciles can await.
+    let (synced_tx, synced) = watch::channel(false);
     let ctx = Arc::new(Context {
         client: client.clone(),
         sets: sets.clone(),
         clusters: clusters.clone(),
+        announces,
+        requests: requests.clone(),
+        health: health::Tracker::default(),
         recorder: Recorder::new(client.clone(), reporter),
         leader_ca: opts.leader_ca,
-        metrics: Metrics::default(),
+        metrics: opts.metrics,
+        leader: opts.leader.clone(),
+        synced,
     });
-    let controller = Controller::new(
-        Api::<ClusterRegistrationRequest>::all(client),
-        watcher::Config::default(),
-    );
-    let requests = controller.store();
-    // NB: the stores must be complete before the first decision, or a duplicate could be approved.
-    let (_, _) = futures::join!(sets.wait_until_ready(), clusters.wait_until_ready());
-    // A ClusterSet created or changed after its requests re-queues every request of its namespace.
-    let set_changed = move |set: ClusterSet| {
-        let ns = set.namespace();
-        requests
-            .state()
-            .into_iter()
-            .filter(move |r| r.namespace() == ns)
-            .map(|r| ObjectRef::from_obj(r.as_ref()))
-            .collect::<Vec<_>>()
+
+    // A ClusterSet created or changed re-queues every request of its namespace.
+    let requests_of_set = {
+        let requests = requests.clone();
+        move |set: ClusterSet| {
+            let ns = set.namespace();
+            requests
+                .state()
+                .into_iter()
+                .filter(move |r| r.namespace() == ns)
+                .map(|r| ObjectRef::from_obj(r.as_ref()))
+                .collect::<Vec<_>>()
+        }
     };
-    controller
+    let registration = registration
         .watches(
-            Api::<ClusterSet>::all(ctx.client.clone()),
+            Api::<ClusterSet>::all(client.clone()),
             watcher::Config::default(),
-            set_changed,
+            requests_of_set,
         )
-        .graceful_shutdown_on(shutdown)
-        .run(registration::reconcile, error_policy, ctx)
-        .for_each(|_| async {})
-        .await;
+        .reconcile_all_on(on_gaining(opts.leader.clone()))
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(registration::reconcile, error_policy, ctx.clone())
+        .for_each(|_| async {});
+
+    let members = Controller::for_stream(clusters_stream, clusters.clone())
+        .with_config(cfg)
+        .watches_stream(announces_stream, members::announce_owner)
+        .reconcile_all_on(on_gaining(opts.leader.clone()))
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(members::reconcile, error_policy, ctx.clone())
+        .for_each(|_| async {});
+
+    // Member and request changes wake their set; the status is recomputed and written if changed.
+    let set_of_member = {
+        let ctx = ctx.clone();
+        move |mc: ManagedCluster| {
+            ctx.leader_set(&mc.spec.cluster_set)
+                .map(|s| clusterset::set_ref(&s))
+        }
+    };
+    let set_of_request = {
+        let sets = sets.clone();
+        move |r: ClusterRegistrationRequest| {
+            clusterset::set_in(&sets, &r.namespace().unwrap_or_default()).map(|s| clusterset::set_ref(&s))
+        }
+    };
+    let sets_ctl = sets_ctl
+        .watches(
+            Api::<ManagedCluster>::all(client.clone()),
+            selector,
+            set_of_member,
+        )
+        .watches(
+            Api::<ClusterRegistrationRequest>::all(client.clone()),
+            watcher::Config::default(),
+            set_of_request,
+        )
+        .reconcile_all_on(on_gaining(opts.leader.clone()))
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(clusterset::reconcile, error_policy, ctx.clone())
+        .for_each(|_| async {});
+
+    let ready = {
+        let ctx = ctx.clone();
+        async move {
+            ctx.wait_caches().await;
+            info!("Caches synced; ready");
+            synced_tx.send_replace(true);
+            opts.ready.send_replace(true);
+        }
+    };
+    futures::join!(registration, members, sets_ctl, ready);
+    info!("Leader controllers stopped");
 }

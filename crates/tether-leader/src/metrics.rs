@@ -1,11 +1,16 @@
-//! The leader's Prometheus metrics, registered once and shared by every reconciler.
+//! The leader's Prometheus metrics, registered once and shared by every reconciler: decisions,
+//! failures, reconcile durations, members by state and heartbeat ages.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use tether_api::clusterset::MemberCounts;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
@@ -17,12 +22,33 @@ struct ErrorLabel {
     error: &'static str,
 }
 
-/// Counters of registrations and reconcile failures.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabel {
+    controller: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MemberLabel {
+    clusterset: String,
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+/// Every metric of the leader, cheap to clone.
 #[derive(Clone)]
 pub struct Metrics {
     registry: Arc<Registry>,
     registrations: Family<ResultLabel, Counter>,
     errors: Family<ErrorLabel, Counter>,
+    durations: Family<ControllerLabel, Histogram>,
+    members: Family<MemberLabel, Gauge>,
+    removals: Family<ReasonLabel, Counter>,
+    heartbeat_age: Histogram,
+    leader: Gauge,
 }
 
 impl Default for Metrics {
@@ -30,6 +56,13 @@ impl Default for Metrics {
         let mut registry = Registry::with_prefix("tether_leader");
         let registrations = Family::<ResultLabel, Counter>::default();
         let errors = Family::<ErrorLabel, Counter>::default();
+        let durations = Family::<ControllerLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 2.0, 14))
+        });
+        let members = Family::<MemberLabel, Gauge>::default();
+        let removals = Family::<ReasonLabel, Counter>::default();
+        let heartbeat_age = Histogram::new([1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0, 120.0, 300.0]);
+        let leader = Gauge::default();
         registry.register(
             "registrations",
             "Registration requests decided, by result/reason",
@@ -40,11 +73,45 @@ impl Default for Metrics {
             "Reconcile failures, by failed operation",
             errors.clone(),
         );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time spent in one reconcile, by controller",
+            durations.clone(),
+        );
+        registry.register("members", "Members of each ClusterSet, by state", members.clone());
+        registry.register("member_removals", "Members removed, by reason", removals.clone());
+        registry.register(
+            "heartbeat_age_seconds",
+            "Age of a member's previous heartbeat when the next one arrives",
+            heartbeat_age.clone(),
+        );
+        registry.register(
+            "is_leader",
+            "1 while this replica holds the lease",
+            leader.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             registrations,
             errors,
+            durations,
+            members,
+            removals,
+            heartbeat_age,
+            leader,
         }
+    }
+}
+
+/// Observes a reconcile's duration when dropped.
+pub struct ReconcileTimer {
+    histogram: Histogram,
+    start: Instant,
+}
+
+impl Drop for ReconcileTimer {
+    fn drop(&mut self) {
+        self.histogram.observe(self.start.elapsed().as_secs_f64());
     }
 }
 
@@ -59,11 +126,85 @@ impl Metrics {
         self.errors.get_or_create(&ErrorLabel { error }).inc();
     }
 
+    /// Starts timing a reconcile of `controller`.
+    pub fn reconcile_timer(&self, controller: &'static str) -> ReconcileTimer {
+        ReconcileTimer {
+            histogram: self
+                .durations
+                .get_or_create(&ControllerLabel { controller })
+                .clone(),
+            start: Instant::now(),
+        }
+    }
+
+    /// Records a set's member counts.
+    pub fn set_members(&self, clusterset: &str, counts: &MemberCounts) {
+        for (state, n) in [
+            ("ready", counts.ready),
+            ("not_ready", counts.not_ready),
+            ("pending", counts.pending),
+        ] {
+            self.members
+                .get_or_create(&MemberLabel {
+                    clusterset: clusterset.to_string(),
+                    state,
+                })
+                .set(n.into());
+        }
+    }
+
+    /// Counts a removed member.
+    pub fn member_removed(&self, reason: &'static str) {
+        self.removals.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// Records the time between two heartbeats of a member.
+    pub fn heartbeat(&self, interval: Duration) {
+        self.heartbeat_age.observe(interval.as_secs_f64());
+    }
+
+    /// Records whether this replica leads.
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.set(leader.into());
+    }
+
     /// The metrics in Prometheus text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_every_family_with_its_labels() {
+        let m = Metrics::default();
+        m.registrations("Approved");
+        m.set_members(
+            "prod",
+            &MemberCounts {
+                total: 3,
+                ready: 2,
+                not_ready: 1,
+                pending: 0,
+            },
+        );
+        m.heartbeat(Duration::from_secs(10));
+        drop(m.reconcile_timer("member"));
+        let text = m.encode();
+        for want in [
+            "tether_leader_registrations_total{result=\"Approved\"} 1",
+            "tether_leader_members{clusterset=\"prod\",state=\"ready\"} 2",
+            "tether_leader_heartbeat_age_seconds_count 1",
+            "tether_leader_reconcile_duration_seconds_count{controller=\"member\"} 1",
+            "tether_leader_is_leader 0",
+        ] {
+            assert!(text.contains(want), "missing {want} in\n{text}");
+        }
     }
 }

@@ -8,35 +8,44 @@ use std::time::Duration;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::json;
+use tether_api::conditions::{HEARTBEAT_EXPIRED, READY};
 use tether_api::registration::{RegistrationReason, RegistrationResult};
 use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, MemberClusterAnnounce, duration};
 use tether_seal::MemberCredential;
 use tracing::{info, warn};
 
+use crate::cleanup::{Removal, remove_member};
+use crate::clusterset::set_in;
 use crate::naming::{AGENT_SERVICE_ACCOUNT, member_namespace};
 use crate::policy::{Decision, Member, decide};
-use crate::provision::{FIELD_MANAGER, member_objects};
+use crate::provision::member_objects;
+use crate::write::{apply, apply_status, event};
 use crate::{Context, Error};
+
+/// How long to wait for a replaced member's namespace to go before provisioning again.
+const REPLACE_RETRY: Duration = Duration::from_secs(3);
 
 /// Reconciles one registration request.
 pub async fn reconcile(req: Arc<ClusterRegistrationRequest>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.wait_ready().await;
     let status = req.status.clone().unwrap_or_default();
-    if status.result != RegistrationResult::Pending {
+    if status.result != RegistrationResult::Pending || !ctx.is_leader() {
         return Ok(Action::await_change());
     }
+    let _timer = ctx.metrics.reconcile_timer("registration");
     let ns = req.namespace().unwrap_or_default();
-    let set = ctx
-        .sets
-        .state()
-        .into_iter()
-        .find(|s| s.namespace().as_deref() == Some(ns.as_str()));
+    let set = set_in(&ctx.sets, &ns).or_else(|| {
+        ctx.sets
+            .state()
+            .into_iter()
+            .find(|s| s.namespace().as_deref() == Some(ns.as_str()))
+    });
     let set_name = set.as_ref().map(|s| s.name_any()).unwrap_or_default();
     let members = members_of(&ctx, &set_name);
     match decide(&req, set.as_deref(), &members) {
@@ -48,7 +57,15 @@ pub async fn reconcile(req: Arc<ClusterRegistrationRequest>, ctx: Arc<Context>) 
                     json!({"result": "Pending", "reason": reason, "message": message}),
                 )
                 .await?;
-                event(&ctx, &req, EventType::Normal, "AwaitingApproval", &message).await;
+                event(
+                    &ctx,
+                    req.as_ref(),
+                    EventType::Normal,
+                    "AwaitingApproval",
+                    "Register",
+                    &message,
+                )
+                .await;
             }
             Ok(Action::await_change())
         }
@@ -60,15 +77,21 @@ pub async fn reconcile(req: Arc<ClusterRegistrationRequest>, ctx: Arc<Context>) 
                 json!({"result": "Denied", "reason": reason, "message": message}),
             )
             .await?;
-            event(&ctx, &req, EventType::Warning, "RegistrationDenied", &message).await;
+            event(
+                &ctx,
+                req.as_ref(),
+                EventType::Warning,
+                "RegistrationDenied",
+                "Register",
+                &message,
+            )
+            .await;
             ctx.metrics.registrations(reason_label(reason));
             Ok(Action::await_change())
         }
         Decision::Approve { rejoin } => {
             let set = set.ok_or(Error::Invariant("approved without a ClusterSet"))?;
-            approve(&req, &set, rejoin, &ctx).await?;
-            ctx.metrics.registrations("Approved");
-            Ok(Action::await_change())
+            approve(&req, &set, rejoin, &ctx).await
         }
     }
 }
@@ -87,11 +110,12 @@ fn members_of(ctx: &Context, set: &str) -> Vec<Member> {
                 .get(tether_api::annotations::PUBLIC_KEY)
                 .cloned()
                 .unwrap_or_default(),
+            // NB: a member awaiting its first heartbeat is alive; only an expired one is not.
             alive: !mc.status.as_ref().is_some_and(|s| {
                 s.conditions
                     .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "Unknown")
-            }),
+                    .any(|c| c.type_ == READY && c.reason == HEARTBEAT_EXPIRED)
+            }) && mc.meta().deletion_timestamp.is_none(),
         })
         .collect()
 }
@@ -101,39 +125,65 @@ async fn approve(
     set: &ClusterSet,
     rejoin: bool,
     ctx: &Context,
-) -> Result<(), Error> {
+) -> Result<Action, Error> {
     let set_name = set.name_any();
     let name = req.spec.cluster_name.clone();
     let namespace = member_namespace(&set_name, &name);
+    // A dead member with this name but another ID or key is replaced: its namespace goes first,
+    // since the ManagedCluster's ID is immutable and its old credential must die.
+    let existing = ctx.clusters.get(&ObjectRef::new(&name).within(&namespace));
+    if let Some(old) = existing {
+        let key = old.annotations().get(tether_api::annotations::PUBLIC_KEY);
+        if old.meta().deletion_timestamp.is_some() {
+            return Ok(Action::requeue(REPLACE_RETRY));
+        }
+        if old.spec.cluster_id != req.spec.cluster_id || key != Some(&req.spec.public_key) {
+            info!(cluster = %name, old_id = %old.spec.cluster_id, new_id = %req.spec.cluster_id,
+                  "Replacing an expired member with the same name");
+            remove_member(ctx, None, &old, Removal::Expired).await?;
+            return Ok(Action::requeue(REPLACE_RETRY));
+        }
+    }
     let policy = set.spec.leader.clone().unwrap_or_default();
     let heartbeat = duration::parse(&policy.heartbeat_interval).unwrap_or(Duration::from_secs(10));
     let ttl = duration::parse(&policy.credential_ttl).unwrap_or(Duration::from_secs(3600));
     let objs = member_objects(req, &set_name, &namespace, heartbeat.as_secs().max(1) as i32);
 
     let client = ctx.client.clone();
-    apply(Api::<Namespace>::all(client.clone()), &objs.namespace).await?;
+    apply(ctx, &Api::<Namespace>::all(client.clone()), &objs.namespace).await?;
     apply(
-        Api::<ServiceAccount>::namespaced(client.clone(), &namespace),
+        ctx,
+        &Api::namespaced(client.clone(), &namespace),
         &objs.service_account,
     )
     .await?;
-    apply(Api::<Role>::namespaced(client.clone(), &namespace), &objs.role).await?;
     apply(
-        Api::<RoleBinding>::namespaced(client.clone(), &namespace),
+        ctx,
+        &Api::<Role>::namespaced(client.clone(), &namespace),
+        &objs.role,
+    )
+    .await?;
+    apply(
+        ctx,
+        &Api::<RoleBinding>::namespaced(client.clone(), &namespace),
         &objs.role_binding,
     )
     .await?;
+    // NB: the announce before the ManagedCluster: a member without one counts as having left.
     apply(
-        Api::<ManagedCluster>::namespaced(client.clone(), &namespace),
-        &objs.managed_cluster,
-    )
-    .await?;
-    apply(
-        Api::<MemberClusterAnnounce>::namespaced(client.clone(), &namespace),
+        ctx,
+        &Api::<MemberClusterAnnounce>::namespaced(client.clone(), &namespace),
         &objs.announce,
     )
     .await?;
+    apply(
+        ctx,
+        &Api::<ManagedCluster>::namespaced(client.clone(), &namespace),
+        &objs.managed_cluster,
+    )
+    .await?;
 
+    ctx.ensure_leader()?;
     let token = Api::<ServiceAccount>::namespaced(client, &namespace)
         .create_token_request(
             AGENT_SERVICE_ACCOUNT,
@@ -177,33 +227,17 @@ async fn approve(
     )
     .await?;
     info!(cluster = %name, cluster_id = %req.spec.cluster_id, set = %set_name, %namespace, rejoin, "Approved registration");
-    event(ctx, req, EventType::Normal, "RegistrationApproved", &message).await;
-    Ok(())
-}
-
-/// Server-side applies an object the leader owns.
-async fn apply<K>(api: Api<K>, obj: &K) -> Result<(), Error>
-where
-    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
-    K::DynamicType: Default,
-{
-    let name = obj.meta().name.clone().unwrap_or_default();
-    let mut body = serde_json::to_value(obj).map_err(|e| Error::Serialize(e.to_string()))?;
-    let dt = K::DynamicType::default();
-    body["apiVersion"] = json!(K::api_version(&dt));
-    body["kind"] = json!(K::kind(&dt));
-    api.patch(
-        &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(body),
+    event(
+        ctx,
+        req,
+        EventType::Normal,
+        "RegistrationApproved",
+        "Register",
+        &message,
     )
-    .await
-    .map_err(|source| Error::Api {
-        op: "apply member object",
-        name,
-        source,
-    })?;
-    Ok(())
+    .await;
+    ctx.metrics.registrations("Approved");
+    Ok(Action::await_change())
 }
 
 async fn write_status(
@@ -213,33 +247,7 @@ async fn write_status(
 ) -> Result<(), Error> {
     let api: Api<ClusterRegistrationRequest> =
         Api::namespaced(ctx.client.clone(), &req.namespace().unwrap_or_default());
-    let body = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterRegistrationRequest",
-                      "status": status});
-    api.patch_status(
-        &req.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(body),
-    )
-    .await
-    .map_err(|source| Error::Api {
-        op: "patch request status",
-        name: req.name_any(),
-        source,
-    })?;
-    Ok(())
-}
-
-async fn event(ctx: &Context, req: &ClusterRegistrationRequest, type_: EventType, reason: &str, note: &str) {
-    let ev = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note.chars().take(1000).collect()),
-        action: "Register".into(),
-        secondary: None,
-    };
-    if let Err(err) = ctx.recorder.publish(&ev, &req.object_ref(&())).await {
-        warn!(error = &err as &dyn std::error::Error, "Cannot publish event");
-    }
+    apply_status(ctx, &api, &req.name_any(), status).await
 }
 
 fn reason_label(reason: RegistrationReason) -> &'static str {

@@ -3,6 +3,7 @@
 //! with a deadline). Used as a dev-dependency only.
 
 pub mod cluster;
+pub mod controller;
 pub mod pki;
 pub mod process;
 pub mod tokens;
@@ -12,6 +13,7 @@ mod wait;
 use std::path::PathBuf;
 
 pub use cluster::{ClusterBuilder, TestCluster};
+pub use controller::{Controller, token_kubeconfig};
 pub use tokens::BootstrapToken;
 pub use tools::Tools;
 pub use wait::{eventually, install_crds, install_tether_crds};

@@ -91,6 +91,16 @@ impl Proc {
         tail(&self.log, lines)
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the process to exit; its exit status.
+    pub fn wait(&mut self) -> Option<String> {
+        self.child.wait().ok().map(|s| s.to_string())
+    }
+
     /// Kills the process and waits for it.
     pub fn stop(&mut self) {
         let _ = self.child.kill();

@@ -67,10 +67,16 @@ impl BootstrapToken {
         if let Some(exp) = expiration {
             data.insert("expiration".into(), exp.to_string());
         }
+        // As `tether` does: the token carries its set's label, so destroying the set removes it.
+        let labels = extra_groups
+            .iter()
+            .find_map(|g| g.strip_prefix("system:bootstrappers:tether:"))
+            .map(|set| BTreeMap::from([(tether_api::labels::CLUSTER_SET.to_string(), set.to_string())]));
         let secret = Secret {
             metadata: ObjectMeta {
                 name: Some(format!("bootstrap-token-{}", self.id)),
                 namespace: Some("kube-system".into()),
+                labels,
                 ..ObjectMeta::default()
             },
             type_: Some("bootstrap.kubernetes.io/token".into()),

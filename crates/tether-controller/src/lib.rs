@@ -1,0 +1,166 @@
+//! The `tether-controller` binary's wiring: flags, logging, the admin port, leader election and
+//! shutdown around the chosen controller. One binary (and one image) serves both roles; the
+//! subcommand picks the role.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use tether_process::{ProcessArgs, admin, leadership, logging, signals};
+use tokio::sync::watch;
+use tracing::{error, info};
+
+/// The build's version and commit, for the start-up line and `--version`.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TETHER_BUILD"), ")");
+
+/// Runs a Tether controller.
+#[derive(Parser, Debug)]
+#[command(name = "tether-controller", version = VERSION, about, long_about = None,
+          after_help = "Examples:\n  tether-controller leader --log-format plain\n  \
+                        tether-controller leader --leader-elect=false --admin-addr 127.0.0.1:8080")]
+pub struct Cli {
+    /// Which controller to run.
+    #[command(subcommand)]
+    pub role: Role,
+}
+
+/// The controllers this binary runs.
+#[derive(Subcommand, Debug)]
+pub enum Role {
+    /// The leader controller: approves registrations, tracks members, keeps ClusterSet status.
+    Leader(LeaderArgs),
+}
+
+/// Flags of the leader controller.
+#[derive(clap::Args, Debug)]
+pub struct LeaderArgs {
+    /// Process settings shared by every controller.
+    #[command(flatten)]
+    pub process: ProcessArgs,
+    /// PEM CA bundle of this cluster's API server, handed to members with their credential.
+    /// Default: the CA the controller itself trusts (in a pod, the ServiceAccount's ca.crt).
+    #[arg(long, env = "TETHER_LEADER_CA_FILE")]
+    pub leader_ca_file: Option<std::path::PathBuf>,
+}
+
+/// Parses flags and runs; the exit code says whether it stopped cleanly.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let process = match &cli.role {
+        Role::Leader(args) => &args.process,
+    };
+    if let Err(err) = logging::init(process.log_format, &process.log_level) {
+        eprintln!("error: {err}");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            error!(error = format!("{err:#}"), "Stopped on error");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the chosen controller until SIGTERM.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.role {
+        Role::Leader(args) => run_leader(args).await,
+    }
+}
+
+async fn run_leader(args: LeaderArgs) -> anyhow::Result<()> {
+    let process = &args.process;
+    info!(version = VERSION, role = "leader", "Starting tether-controller");
+    let config = kube::Config::infer()
+        .await
+        .context("cannot find Kubernetes credentials: run in a pod or set KUBECONFIG")?;
+    let leader_ca = match &args.leader_ca_file {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read --leader-ca-file {}", path.display()))?,
+        None => config
+            .root_cert
+            .iter()
+            .flatten()
+            .map(|der| pem::encode(&pem::Pem::new("CERTIFICATE", der.clone())))
+            .collect::<String>(),
+    };
+    anyhow::ensure!(
+        !leader_ca.trim().is_empty(),
+        "no CA for this API server: pass --leader-ca-file with the PEM CA members must trust"
+    );
+    let client = kube::Client::try_from(config).context("cannot build a Kubernetes client")?;
+    let shutdown = signals::shutdown_token();
+    let leadership = leadership::elect(client.clone(), process, "tether-leader", shutdown.clone());
+
+    let metrics = tether_leader::Metrics::default();
+    let mut leader_rx = leadership.receiver();
+    let gauge = metrics.clone();
+    tokio::spawn(async move {
+        loop {
+            gauge.set_leader(*leader_rx.borrow_and_update());
+            if leader_rx.changed().await.is_err() {
+                break;
+            }
+        }
+    });
+    let (ready_tx, ready_rx) = watch::channel(false);
+    let encoder = metrics.clone();
+    let health = admin::Health {
+        metrics: Arc::new(move || encoder.encode()),
+        ready: ready_rx,
+    };
+    let (_, admin_task) = admin::start(process.admin_addr, health, shutdown.clone()).await?;
+
+    let opts = tether_leader::Options {
+        leader_ca,
+        instance: Some(leadership::identity(process)),
+        leader: leadership.receiver(),
+        ready: ready_tx,
+        metrics,
+    };
+    tether_leader::run(client, opts, shutdown.clone()).await;
+    leadership.stopped().await;
+    let _ = admin_task.await;
+    info!("Stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn leader_flags_parse_and_bad_values_are_refused() {
+        let cli = Cli::try_parse_from([
+            "tether-controller",
+            "leader",
+            "--leader-elect=false",
+            "--admin-addr",
+            "127.0.0.1:9000",
+            "--log-format",
+            "plain",
+        ])
+        .unwrap();
+        let Role::Leader(args) = cli.role;
+        assert!(!args.process.leader_elect);
+        assert_eq!(args.process.admin_addr.port(), 9000);
+        assert!(Cli::try_parse_from(["tether-controller", "leader", "--admin-addr", "nope"]).is_err());
+        assert!(Cli::try_parse_from(["tether-controller", "leader", "--lease-duration", "1"]).is_err());
+        assert!(Cli::try_parse_from(["tether-controller"]).is_err());
+    }
+}

@@ -1,0 +1,270 @@
+//! Member health from heartbeats, kept in memory: when each member's announce was last seen
+//! renewed, and the verdict for that age. Pure apart from a mutex; no API calls, so a heartbeat
+//! costs the leader no write.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use tether_api::conditions::{AWAITING_HEARTBEAT, HEARTBEAT_EXPIRED, HEARTBEAT_RECEIVED};
+
+/// What the leader last saw of one member's announce.
+#[derive(Clone, Debug)]
+struct Seen {
+    renew_time: Option<MicroTime>,
+    at: Instant,
+}
+
+/// The result of looking at a member's announce.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Observation {
+    /// Time since the last renewal (or since the leader first saw the member, if it never renewed).
+    pub age: Duration,
+    /// Whether the member has ever renewed its announce.
+    pub renewed: bool,
+    /// Set when this observation is a new renewal: the time since the previous one.
+    pub interval: Option<Duration>,
+}
+
+/// Last renewal of every member, keyed by `namespace/name` of its announce.
+#[derive(Default)]
+pub struct Tracker {
+    seen: Mutex<HashMap<String, Seen>>,
+}
+
+impl Tracker {
+    /// Records the announce's `renewTime` as seen at `now` and returns the member's heartbeat age.
+    ///
+    /// NB: a renewal counts from when the leader *sees* it change, so clock skew between clusters
+    /// does not matter. Only a member the leader has not seen before (after a restart or a
+    /// failover) is aged from its `renewTime` against `wall_now`, so that a member silent before
+    /// the restart does not get a fresh grace period; that assumes clocks synced within seconds.
+    pub fn observe(
+        &self,
+        key: &str,
+        renew_time: Option<&MicroTime>,
+        now: Instant,
+        wall_now: Timestamp,
+    ) -> Observation {
+        let mut seen = self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let renewed = renew_time.is_some();
+        match seen.get_mut(key) {
+            Some(s) if s.renew_time.as_ref() == renew_time => Observation {
+                age: now.saturating_duration_since(s.at),
+                renewed,
+                interval: None,
+            },
+            Some(s) => {
+                let interval = now.saturating_duration_since(s.at);
+                s.renew_time = renew_time.cloned();
+                s.at = now;
+                Observation {
+                    age: Duration::ZERO,
+                    renewed,
+                    interval: renewed.then_some(interval),
+                }
+            }
+            None => {
+                let age = renew_time
+                    .and_then(|t| Duration::try_from(wall_now.duration_since(t.0)).ok())
+                    .unwrap_or_default();
+                let at = now.checked_sub(age).unwrap_or(now);
+                seen.insert(
+                    key.to_string(),
+                    Seen {
+                        renew_time: renew_time.cloned(),
+                        at,
+                    },
+                );
+                Observation {
+                    age: now.saturating_duration_since(at),
+                    renewed,
+                    interval: None,
+                }
+            }
+        }
+    }
+
+    /// Forgets a member that left.
+    pub fn forget(&self, key: &str) {
+        self.seen
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(key);
+    }
+
+    /// How many members are tracked.
+    pub fn len(&self) -> usize {
+        self.seen.lock().map(|s| s.len()).unwrap_or_default()
+    }
+
+    /// Whether no member is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The leader's verdict on a member, from its heartbeat age and the set's timings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Heartbeats arrive: `Ready=True`. Look again after `recheck`.
+    Ready {
+        /// When the member would go Unknown if no renewal arrives.
+        recheck: Duration,
+    },
+    /// No heartbeat yet, or none within the grace period: `Ready=Unknown`.
+    Unknown {
+        /// `AwaitingHeartbeat` or `HeartbeatExpired`.
+        reason: &'static str,
+        /// When to look again (the end of the grace period or the member's expiry).
+        recheck: Duration,
+    },
+    /// Silent for longer than `memberExpiry`: remove the member.
+    Expired,
+}
+
+/// Judges a member whose last renewal is `obs.age` old.
+pub fn judge(obs: Observation, grace: Duration, expiry: Duration) -> Verdict {
+    // NB: one second past the deadline, so a recheck lands after it rather than just before.
+    let slack = Duration::from_secs(1);
+    if obs.age > expiry {
+        Verdict::Expired
+    } else if obs.age <= grace && obs.renewed {
+        Verdict::Ready {
+            recheck: grace - obs.age + slack,
+        }
+    } else if obs.age <= grace {
+        Verdict::Unknown {
+            reason: AWAITING_HEARTBEAT,
+            recheck: grace - obs.age + slack,
+        }
+    } else {
+        Verdict::Unknown {
+            reason: HEARTBEAT_EXPIRED,
+            recheck: expiry - obs.age + slack,
+        }
+    }
+}
+
+impl Verdict {
+    /// The Ready condition's status and reason for this verdict.
+    pub fn condition(&self) -> (&'static str, &'static str) {
+        match self {
+            Verdict::Ready { .. } => ("True", HEARTBEAT_RECEIVED),
+            Verdict::Unknown { reason, .. } => ("Unknown", reason),
+            Verdict::Expired => ("Unknown", HEARTBEAT_EXPIRED),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn micro(secs_ago: i64, wall_now: Timestamp) -> MicroTime {
+        MicroTime(wall_now - k8s_openapi::jiff::SignedDuration::from_secs(secs_ago))
+    }
+
+    #[test]
+    fn a_renewal_resets_the_age_and_reports_the_interval() {
+        let t = Tracker::default();
+        let wall = Timestamp::now();
+        let start = Instant::now();
+        let first = t.observe("ns/a", Some(&micro(0, wall)), start, wall);
+        assert_eq!(first.age, Duration::ZERO);
+        assert!(first.interval.is_none(), "the first sighting is not a renewal");
+        let later = start + Duration::from_secs(7);
+        let same = t.observe("ns/a", Some(&micro(0, wall)), later, wall);
+        assert_eq!(same.age, Duration::from_secs(7));
+        assert!(same.interval.is_none());
+        let renewed = t.observe(
+            "ns/a",
+            Some(&micro(-7, wall)),
+            later + Duration::from_secs(3),
+            wall,
+        );
+        assert_eq!(renewed.age, Duration::ZERO);
+        assert_eq!(renewed.interval, Some(Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn a_member_first_seen_after_a_restart_keeps_its_age() {
+        let t = Tracker::default();
+        let wall = Timestamp::now();
+        let now = Instant::now() + Duration::from_secs(3600);
+        let obs = t.observe("ns/a", Some(&micro(120, wall)), now, wall);
+        assert_eq!(obs.age, Duration::from_secs(120));
+        // A renewTime in the future (member clock ahead) counts as fresh, not as negative age.
+        let obs = t.observe("ns/b", Some(&micro(-30, wall)), now, wall);
+        assert_eq!(obs.age, Duration::ZERO);
+    }
+
+    #[test]
+    fn forgotten_members_start_over() {
+        let t = Tracker::default();
+        let wall = Timestamp::now();
+        let now = Instant::now();
+        t.observe("ns/a", None, now, wall);
+        assert_eq!(t.len(), 1);
+        t.forget("ns/a");
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn verdicts_follow_grace_and_expiry() {
+        let grace = Duration::from_secs(40);
+        let expiry = Duration::from_secs(3600);
+        let obs = |age: u64, renewed: bool| Observation {
+            age: Duration::from_secs(age),
+            renewed,
+            interval: None,
+        };
+        let cases = [
+            (
+                "fresh heartbeat",
+                obs(0, true),
+                Verdict::Ready {
+                    recheck: Duration::from_secs(41),
+                },
+            ),
+            (
+                "at the grace limit",
+                obs(40, true),
+                Verdict::Ready {
+                    recheck: Duration::from_secs(1),
+                },
+            ),
+            (
+                "just past grace",
+                obs(41, true),
+                Verdict::Unknown {
+                    reason: HEARTBEAT_EXPIRED,
+                    recheck: Duration::from_secs(3560),
+                },
+            ),
+            (
+                "approved, never renewed",
+                obs(5, false),
+                Verdict::Unknown {
+                    reason: AWAITING_HEARTBEAT,
+                    recheck: Duration::from_secs(36),
+                },
+            ),
+            (
+                "never renewed past grace",
+                obs(50, false),
+                Verdict::Unknown {
+                    reason: HEARTBEAT_EXPIRED,
+                    recheck: Duration::from_secs(3551),
+                },
+            ),
+            ("past expiry", obs(3601, true), Verdict::Expired),
+        ];
+        for (what, o, want) in cases {
+            assert_eq!(judge(o, grace, expiry), want, "{what}");
+        }
+        assert_eq!(Verdict::Expired.condition(), ("Unknown", HEARTBEAT_EXPIRED));
+    }
+}

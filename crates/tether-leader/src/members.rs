@@ -1,0 +1,145 @@
+//! Reconciles ManagedClusters from their heartbeats: `Ready` follows the announce renewals seen in
+//! memory (health.rs), with an Event on every loss and recovery; a deleted announce means the
+//! member left, and a member silent past `memberExpiry` is removed. A heartbeat that changes
+//! nothing writes nothing.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tether_api::conditions::{AWAITING_HEARTBEAT, HEARTBEAT_EXPIRED, READY};
+use tether_api::{ManagedCluster, MemberClusterAnnounce, duration};
+use tracing::{info, warn};
+
+use crate::cleanup::{Removal, remove_member};
+use crate::health::{Verdict, judge};
+use crate::status::condition;
+use crate::write::{apply_status, event, key};
+use crate::{Context, Error};
+
+/// Defaults of the ClusterSet spec, used when a set's durations cannot be read.
+const DEFAULT_GRACE: Duration = Duration::from_secs(40);
+const DEFAULT_EXPIRY: Duration = Duration::from_secs(24 * 3600);
+/// How long a just-approved member may lack its announce in the cache before it counts as left.
+const ANNOUNCE_SETTLE: Duration = Duration::from_secs(2);
+
+/// Reconciles one member's health.
+pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.wait_ready().await;
+    if !ctx.is_leader() || mc.meta().deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let _timer = ctx.metrics.reconcile_timer("member");
+    let namespace = mc.namespace().unwrap_or_default();
+    let name = mc.name_any();
+    let set = ctx.leader_set(&mc.spec.cluster_set);
+    let announce_ref = ObjectRef::<MemberClusterAnnounce>::new(&name).within(&namespace);
+    let Some(announce) = ctx.announces.get(&announce_ref) else {
+        // NB: the announce comes from another watch than the ManagedCluster; confirm with a read
+        // before taking its absence as the member leaving.
+        let api = Api::<MemberClusterAnnounce>::namespaced(ctx.client.clone(), &namespace);
+        let found = api.get_opt(&name).await.map_err(|source| Error::Api {
+            op: "get announce",
+            name: name.clone(),
+            source,
+        })?;
+        if found.is_some() {
+            return Ok(Action::requeue(ANNOUNCE_SETTLE));
+        }
+        remove_member(&ctx, set.as_deref(), &mc, Removal::Left).await?;
+        return Ok(Action::await_change());
+    };
+
+    let obs = ctx.health.observe(
+        &key(mc.as_ref()),
+        announce.spec.renew_time.as_ref(),
+        Instant::now(),
+        Timestamp::now(),
+    );
+    if let Some(interval) = obs.interval {
+        ctx.metrics.heartbeat(interval);
+    }
+    let policy = set
+        .as_ref()
+        .and_then(|s| s.spec.leader.clone())
+        .unwrap_or_default();
+    let grace = duration::parse(&policy.grace_period).unwrap_or(DEFAULT_GRACE);
+    let expiry = duration::parse(&policy.member_expiry).unwrap_or(DEFAULT_EXPIRY);
+    let verdict = judge(obs, grace, expiry);
+    let (status, reason) = verdict.condition();
+    let recheck = match verdict {
+        Verdict::Expired => {
+            remove_member(&ctx, set.as_deref(), &mc, Removal::Expired).await?;
+            return Ok(Action::await_change());
+        }
+        Verdict::Ready { recheck } | Verdict::Unknown { recheck, .. } => recheck,
+    };
+
+    let previous = mc
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let current = previous.iter().find(|c| c.type_ == READY);
+    if current.map(|c| (c.status.as_str(), c.reason.as_str())) != Some((status, reason)) {
+        let message = match reason {
+            AWAITING_HEARTBEAT => "approved; waiting for the agent's first heartbeat".to_string(),
+            HEARTBEAT_EXPIRED => format!(
+                "no heartbeat for more than {}: check that the agent runs and reaches the leader",
+                policy.grace_period
+            ),
+            _ => "heartbeats arrive".to_string(),
+        };
+        let cond = condition(previous, READY, status, reason, message.clone(), Timestamp::now());
+        let api = Api::<ManagedCluster>::namespaced(ctx.client.clone(), &namespace);
+        apply_status(&ctx, &api, &name, json!({ "conditions": [cond] })).await?;
+        let was_lost = current.is_some_and(|c| c.reason == HEARTBEAT_EXPIRED);
+        if reason == HEARTBEAT_EXPIRED {
+            warn!(cluster = %name, cluster_id = %mc.spec.cluster_id, set = %mc.spec.cluster_set,
+                  age_seconds = obs.age.as_secs(), "Member lost: heartbeat expired");
+            event(
+                &ctx,
+                mc.as_ref(),
+                EventType::Warning,
+                "MemberLost",
+                "Heartbeat",
+                &message,
+            )
+            .await;
+        } else if status == "True" && was_lost {
+            info!(cluster = %name, cluster_id = %mc.spec.cluster_id, set = %mc.spec.cluster_set, "Member recovered");
+            event(
+                &ctx,
+                mc.as_ref(),
+                EventType::Normal,
+                "MemberRecovered",
+                "Heartbeat",
+                "heartbeats resumed",
+            )
+            .await;
+        } else if status == "True" {
+            info!(cluster = %name, cluster_id = %mc.spec.cluster_id, set = %mc.spec.cluster_set, "Member ready");
+            event(
+                &ctx,
+                mc.as_ref(),
+                EventType::Normal,
+                "MemberReady",
+                "Heartbeat",
+                "first heartbeat received",
+            )
+            .await;
+        }
+    }
+    Ok(Action::requeue(recheck))
+}
+
+/// The ManagedCluster an announce belongs to (same namespace and name).
+pub fn announce_owner(announce: MemberClusterAnnounce) -> Option<ObjectRef<ManagedCluster>> {
+    Some(ObjectRef::new(&announce.name_any()).within(&announce.namespace()?))
+}

@@ -1,0 +1,123 @@
+//! Every API write of the leader goes through here, and each one is refused once this replica
+//! does not hold the lease: a replica that loses leadership stops writing at once, even in the
+//! middle of a reconcile.
+
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tracing::warn;
+
+use crate::provision::FIELD_MANAGER;
+use crate::{Context, Error};
+
+fn api_error(op: &'static str, name: &str) -> impl FnOnce(kube::Error) -> Error {
+    let name = name.to_string();
+    move |source| Error::Api { op, name, source }
+}
+
+/// Server-side applies an object the leader owns.
+pub async fn apply<K>(ctx: &Context, api: &Api<K>, obj: &K) -> Result<(), Error>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    ctx.ensure_leader()?;
+    let name = obj.meta().name.clone().unwrap_or_default();
+    let mut body = serde_json::to_value(obj).map_err(|e| Error::Serialize(e.to_string()))?;
+    let dt = K::DynamicType::default();
+    body["apiVersion"] = json!(K::api_version(&dt));
+    body["kind"] = json!(K::kind(&dt));
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(body),
+    )
+    .await
+    .map_err(api_error("apply member object", &name))?;
+    Ok(())
+}
+
+/// Server-side applies the fields of `status` that the leader owns, through the status subresource.
+pub async fn apply_status<K>(
+    ctx: &Context,
+    api: &Api<K>,
+    name: &str,
+    status: serde_json::Value,
+) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    ctx.ensure_leader()?;
+    let dt = K::DynamicType::default();
+    let body = json!({"apiVersion": K::api_version(&dt), "kind": K::kind(&dt), "status": status});
+    api.patch_status(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(body),
+    )
+    .await
+    .map_err(api_error("patch status", name))?;
+    Ok(())
+}
+
+/// Deletes an object; one that is already gone is not an error.
+pub async fn delete<K>(ctx: &Context, api: &Api<K>, name: &str) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    ctx.ensure_leader()?;
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(source) => Err(Error::Api {
+            op: "delete",
+            name: name.to_string(),
+            source,
+        }),
+    }
+}
+
+/// Deletes every object of `api` carrying `selector`.
+pub async fn delete_labelled<K>(ctx: &Context, api: &Api<K>, selector: &str) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    ctx.ensure_leader()?;
+    api.delete_collection(
+        &DeleteParams::background(),
+        &ListParams::default().labels(selector),
+    )
+    .await
+    .map_err(api_error("delete collection", selector))?;
+    Ok(())
+}
+
+/// Publishes an Event about `obj`; failing to is logged, never fatal.
+pub async fn event<K>(ctx: &Context, obj: &K, type_: EventType, reason: &str, action: &str, note: &str)
+where
+    K: Resource<DynamicType = ()>,
+{
+    if ctx.ensure_leader().is_err() {
+        return;
+    }
+    let ev = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: action.into(),
+        secondary: None,
+    };
+    if let Err(err) = ctx.recorder.publish(&ev, &obj.object_ref(&())).await {
+        warn!(object = %obj.meta().name.as_deref().unwrap_or_default(), error = &err as &dyn std::error::Error,
+              "Cannot publish event");
+    }
+}
+
+/// `namespace/name` of an object, the key of in-memory records.
+pub fn key<K: Resource>(obj: &K) -> String {
+    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
+}

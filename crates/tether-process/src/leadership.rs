@@ -1,0 +1,134 @@
+//! Lease leader election as a value: a `watch` of "this replica leads" that the controllers read
+//! before every write. The replica steps down (publishes `false`) as soon as a renewal fails or
+//! another holder takes the Lease, and releases the Lease on shutdown so a peer takes over at once.
+
+use std::time::Duration;
+
+use kube::Client;
+use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::ProcessArgs;
+
+/// How long to wait before retrying after the Lease API failed.
+const RETRY: Duration = Duration::from_secs(2);
+
+/// This replica's leadership.
+pub struct Leadership {
+    rx: watch::Receiver<bool>,
+    task: JoinHandle<()>,
+}
+
+impl Leadership {
+    /// A receiver of "this replica leads".
+    pub fn receiver(&self) -> watch::Receiver<bool> {
+        self.rx.clone()
+    }
+
+    /// Waits until the election task has stepped down and released the Lease (after shutdown).
+    pub async fn stopped(self) {
+        let _ = self.task.await;
+    }
+}
+
+/// This replica's identity in the Lease: `--identity`, else the host name plus the process id.
+pub fn identity(args: &ProcessArgs) -> String {
+    args.identity.clone().unwrap_or_else(|| {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "tether".into());
+        format!("{host}-{}", std::process::id())
+    })
+}
+
+/// Starts electing through the Lease `lease_name`, or leads alone when `--leader-elect=false`.
+pub fn elect(
+    client: Client,
+    args: &ProcessArgs,
+    lease_name: &str,
+    shutdown: CancellationToken,
+) -> Leadership {
+    let (tx, rx) = watch::channel(!args.leader_elect);
+    if !args.leader_elect {
+        info!("Leader election off: this replica leads");
+        let task = tokio::spawn(async move {
+            shutdown.cancelled().await;
+            tx.send_replace(false);
+        });
+        return Leadership { rx, task };
+    }
+    let identity = identity(args);
+    let namespace = args.lease_namespace.clone();
+    let duration = args.lease_duration;
+    // Renew a third of the duration before expiry: a failed renewal leaves time to step down.
+    let grace = (duration / 3).max(1);
+    let lease_name = lease_name.to_string();
+    let task = tokio::spawn(async move {
+        loop {
+            let built = LeaseManagerBuilder::new(client.clone(), &lease_name)
+                .with_namespace(&namespace)
+                .with_identity(&identity)
+                .with_duration(duration)
+                .with_grace(grace)
+                .build()
+                .await;
+            let manager = match built {
+                Ok(m) => m,
+                Err(err) => {
+                    warn!(lease = %lease_name, namespace = %namespace, error = &err as &dyn std::error::Error,
+                          "Cannot use the leader-election Lease; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(RETRY) => continue,
+                    }
+                }
+            };
+            if follow(&manager, &tx, &identity, &shutdown).await {
+                return;
+            }
+        }
+    });
+    Leadership { rx, task }
+}
+
+/// Publishes lease changes until shutdown (returns true) or an API error (returns false).
+async fn follow(
+    manager: &LeaseManager,
+    tx: &watch::Sender<bool>,
+    identity: &str,
+    shutdown: &CancellationToken,
+) -> bool {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => {
+                let was_leader = tx.send_replace(false);
+                if was_leader {
+                    match manager.release().await {
+                        Ok(()) => info!(%identity, "Released the leader Lease"),
+                        Err(err) => warn!(error = &err as &dyn std::error::Error, "Cannot release the Lease"),
+                    }
+                }
+                return true;
+            }
+            changed = manager.changed() => match changed {
+                Ok(leads) => {
+                    tx.send_replace(leads);
+                    info!(%identity, leader = leads, "Leadership changed");
+                }
+                Err(err) => {
+                    if tx.send_replace(false) {
+                        warn!(%identity, error = &err as &dyn std::error::Error,
+                              "Cannot renew the Lease; stepped down");
+                    } else {
+                        warn!(error = &err as &dyn std::error::Error, "Lease API failed; retrying");
+                    }
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return true,
+                        _ = tokio::time::sleep(RETRY) => return false,
+                    }
+                }
+            }
+        }
+    }
+}
