@@ -27,6 +27,12 @@ pub const SET: &str = "prod";
 /// whose `spec.leader` is `leader_spec`.
 pub async fn leader_cluster(name: &str, leader_spec: serde_json::Value) -> (TestCluster, Client) {
     let cluster = TestCluster::start(name).await.expect("cluster");
+    let admin = install_leader(&cluster, leader_spec).await;
+    (cluster, admin)
+}
+
+/// Installs Tether's leader side in `cluster` (as `leader_cluster` does); returns an admin client.
+pub async fn install_leader(cluster: &TestCluster, leader_spec: serde_json::Value) -> Client {
     let admin = cluster.client().expect("admin");
     install_tether_crds(&admin).await.expect("crds");
     apply_rbac_file(&admin, "leader.yaml").await.expect("leader RBAC");
@@ -36,7 +42,7 @@ pub async fn leader_cluster(name: &str, leader_spec: serde_json::Value) -> (Test
         .await
         .expect("ClusterSet");
     crate::join_role(&admin, HOME, SET).await.expect("join RBAC");
-    (cluster, admin)
+    admin
 }
 
 /// A token of the leader's ServiceAccount (what its pod would use).
@@ -67,8 +73,14 @@ impl Drop for Leader {
 impl Leader {
     /// Starts a leader cluster and runs the controller in this process as the leader's ServiceAccount.
     pub async fn start(name: &str, leader_spec: serde_json::Value) -> Self {
+        let cluster = TestCluster::start(name).await.expect("cluster");
+        Self::run_in(cluster, leader_spec).await
+    }
+
+    /// Installs Tether in a started cluster and runs the leader controller in this process.
+    pub async fn run_in(cluster: TestCluster, leader_spec: serde_json::Value) -> Self {
         crate::init_logs();
-        let (cluster, admin) = leader_cluster(name, leader_spec).await;
+        let admin = install_leader(&cluster, leader_spec).await;
         let as_leader = cluster
             .client_with_token(&leader_token(&admin).await)
             .expect("leader client");

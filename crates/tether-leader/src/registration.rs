@@ -150,58 +150,47 @@ async fn approve(
     let objs = member_objects(req, &set_name, &namespace, heartbeat.as_secs().max(1) as i32);
 
     let client = ctx.client.clone();
+    // Three round trips instead of eight: the namespace; the ServiceAccount, Role and announce;
+    // then what needs them (RoleBinding, ManagedCluster, token).
     apply(ctx, &Api::<Namespace>::all(client.clone()), &objs.namespace).await?;
-    apply(
-        ctx,
-        &Api::namespaced(client.clone(), &namespace),
-        &objs.service_account,
-    )
-    .await?;
-    apply(
-        ctx,
-        &Api::<Role>::namespaced(client.clone(), &namespace),
-        &objs.role,
-    )
-    .await?;
-    apply(
-        ctx,
-        &Api::<RoleBinding>::namespaced(client.clone(), &namespace),
-        &objs.role_binding,
-    )
-    .await?;
+    let (sa_api, role_api, binding_api, announce_api, clusters_api) = (
+        Api::<ServiceAccount>::namespaced(client.clone(), &namespace),
+        Api::<Role>::namespaced(client.clone(), &namespace),
+        Api::<RoleBinding>::namespaced(client.clone(), &namespace),
+        Api::<MemberClusterAnnounce>::namespaced(client.clone(), &namespace),
+        Api::<ManagedCluster>::namespaced(client, &namespace),
+    );
     // NB: the announce before the ManagedCluster: a member without one counts as having left.
-    apply(
-        ctx,
-        &Api::<MemberClusterAnnounce>::namespaced(client.clone(), &namespace),
-        &objs.announce,
-    )
-    .await?;
-    apply(
-        ctx,
-        &Api::<ManagedCluster>::namespaced(client.clone(), &namespace),
-        &objs.managed_cluster,
-    )
-    .await?;
-
+    let (sa, role, announce) = futures::join!(
+        apply(ctx, &sa_api, &objs.service_account),
+        apply(ctx, &role_api, &objs.role),
+        apply(ctx, &announce_api, &objs.announce),
+    );
+    sa?;
+    role?;
+    announce?;
     ctx.ensure_leader()?;
-    let token = Api::<ServiceAccount>::namespaced(client, &namespace)
-        .create_token_request(
-            AGENT_SERVICE_ACCOUNT,
-            &PostParams::default(),
-            &TokenRequest {
-                spec: TokenRequestSpec {
-                    expiration_seconds: Some(ttl.as_secs() as i64),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .await
-        .map_err(|source| Error::Api {
-            op: "mint member token",
-            name: namespace.clone(),
-            source,
-        })?;
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            expiration_seconds: Some(ttl.as_secs() as i64),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let post = PostParams::default();
+    // NB: the RoleBinding after the Role: the API server resolves the Role to check escalation.
+    let (binding, cluster, token) = futures::join!(
+        apply(ctx, &binding_api, &objs.role_binding),
+        apply(ctx, &clusters_api, &objs.managed_cluster),
+        sa_api.create_token_request(AGENT_SERVICE_ACCOUNT, &post, &request),
+    );
+    binding?;
+    cluster?;
+    let token = token.map_err(|source| Error::Api {
+        op: "mint member token",
+        name: namespace.clone(),
+        source,
+    })?;
     let token_status = token
         .status
         .ok_or(Error::Invariant("TokenRequest answered without a token"))?;
