@@ -171,6 +171,10 @@ pub struct MemberSpec {
     #[schemars(length(max = 2048))]
     #[x_kube(validation = Rule::new("isURL(self) && self.startsWith('https://')").message("leaderURL must be an https:// URL"))]
     pub leader_url: String,
+    /// The set's home namespace on the leader, where registration requests go.
+    #[serde(default = "default_leader_namespace")]
+    #[schemars(regex(pattern = DNS1123_LABEL), length(min = 1, max = 63))]
+    pub leader_namespace: String,
     /// Pin of the leader's CA: `sha256:` + hex SHA-256 of its SubjectPublicKeyInfo (kubeadm format).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = CA_CERT_HASH))]
@@ -209,6 +213,10 @@ pub struct SecretKeyRef {
     #[serde(default = "default_token_key")]
     #[schemars(length(min = 1, max = 253))]
     pub key: String,
+}
+
+fn default_leader_namespace() -> String {
+    "tether-system".into()
 }
 
 fn default_token_key() -> String {

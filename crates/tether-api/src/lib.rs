@@ -70,4 +70,38 @@ pub mod conditions {
     pub const AWAITING_HEARTBEAT: &str = "AwaitingHeartbeat";
     /// Ready=True: heartbeats arrive.
     pub const HEARTBEAT_RECEIVED: &str = "HeartbeatReceived";
+    /// Member ClusterSet: the leader approved this cluster.
+    pub const REGISTERED: &str = "Registered";
+    /// Member ClusterSet: the leader answers (heartbeats go through).
+    pub const LEADER_REACHABLE: &str = "LeaderReachable";
+    /// Member ClusterSet: the leader's CA was verified (False when verification is skipped).
+    pub const CA_VERIFIED: &str = "CAVerified";
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use k8s_openapi::jiff::Timestamp;
+
+    /// A condition that keeps its `lastTransitionTime` while its status does not change, so an
+    /// unchanged status compares equal and is not written again.
+    pub fn condition(
+        previous: &[Condition],
+        type_: &str,
+        status: &str,
+        reason: &str,
+        message: String,
+        now: Timestamp,
+    ) -> Condition {
+        let last_transition_time = previous
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == status)
+            .map(|c| c.last_transition_time.clone())
+            .unwrap_or(Time(now));
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message,
+            last_transition_time,
+            observed_generation: None,
+        }
+    }
 }

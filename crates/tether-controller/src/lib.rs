@@ -18,7 +18,7 @@ pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TETHER_
 #[derive(Parser, Debug)]
 #[command(name = "tether-controller", version = VERSION, about, long_about = None,
           after_help = "Examples:\n  tether-controller leader --log-format plain\n  \
-                        tether-controller leader --leader-elect=false --admin-addr 127.0.0.1:8080")]
+                        tether-controller agent --leader-elect=false --admin-addr 127.0.0.1:8081")]
 pub struct Cli {
     /// Which controller to run.
     #[command(subcommand)]
@@ -30,6 +30,27 @@ pub struct Cli {
 pub enum Role {
     /// The leader controller: approves registrations, tracks members, keeps ClusterSet status.
     Leader(LeaderArgs),
+    /// The member agent: joins the leader named by the Member ClusterSet in its namespace.
+    Agent(AgentArgs),
+}
+
+/// Flags of the member agent. What to join comes from the Member ClusterSet in the agent's
+/// namespace (`--lease-namespace`, in a pod its own namespace), not from flags.
+#[derive(clap::Args, Debug)]
+pub struct AgentArgs {
+    /// Process settings shared by every controller.
+    #[command(flatten)]
+    pub process: ProcessArgs,
+    /// How long to wait for the leader's decision (manual approval) before asking again.
+    #[arg(long, env = "TETHER_REGISTRATION_TIMEOUT", default_value = "30m", value_parser = parse_duration)]
+    pub registration_timeout: std::time::Duration,
+    /// How long leaving tries to deregister at an unreachable leader before giving up.
+    #[arg(long, env = "TETHER_LEAVE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub leave_timeout: std::time::Duration,
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    tether_api::duration::parse(s).ok_or_else(|| format!("{s:?} is not a duration like 90s, 5m or 1h"))
 }
 
 /// Flags of the leader controller.
@@ -49,6 +70,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let process = match &cli.role {
         Role::Leader(args) => &args.process,
+        Role::Agent(args) => &args.process,
     };
     if let Err(err) = logging::init(process.log_format, &process.log_level) {
         eprintln!("error: {err}");
@@ -74,6 +96,7 @@ pub fn main() -> ExitCode {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.role {
         Role::Leader(args) => run_leader(args).await,
+        Role::Agent(args) => run_agent(args).await,
     }
 }
 
@@ -134,6 +157,51 @@ async fn run_leader(args: LeaderArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
+    let process = &args.process;
+    info!(version = VERSION, role = "agent", namespace = %process.lease_namespace, "Starting tether-controller");
+    let config = kube::Config::infer()
+        .await
+        .context("cannot find Kubernetes credentials: run in a pod or set KUBECONFIG")?;
+    let api_server_url = config.cluster_url.to_string();
+    let client = kube::Client::try_from(config).context("cannot build a Kubernetes client")?;
+    let shutdown = signals::shutdown_token();
+    let leadership = leadership::elect(client.clone(), process, "tether-agent", shutdown.clone());
+    let metrics = tether_agent::Metrics::default();
+    let mut leader_rx = leadership.receiver();
+    let gauge = metrics.clone();
+    tokio::spawn(async move {
+        loop {
+            gauge.set_leader(*leader_rx.borrow_and_update());
+            if leader_rx.changed().await.is_err() {
+                break;
+            }
+        }
+    });
+    let (ready_tx, ready_rx) = watch::channel(false);
+    let encoder = metrics.clone();
+    let health = admin::Health {
+        metrics: Arc::new(move || encoder.encode()),
+        ready: ready_rx,
+    };
+    let (_, admin_task) = admin::start(process.admin_addr, health, shutdown.clone()).await?;
+    let opts = tether_agent::Options {
+        namespace: process.lease_namespace.clone(),
+        instance: Some(leadership::identity(process)),
+        leader: leadership.receiver(),
+        ready: ready_tx,
+        metrics,
+        api_server_url,
+        registration_timeout: args.registration_timeout,
+        leave_timeout: args.leave_timeout,
+    };
+    tether_agent::run(client, opts, shutdown.clone()).await;
+    leadership.stopped().await;
+    let _ = admin_task.await;
+    info!("Stopped");
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,11 +224,16 @@ mod tests {
             "plain",
         ])
         .unwrap();
-        let Role::Leader(args) = cli.role;
+        let Role::Leader(args) = cli.role else { panic!("leader") };
         assert!(!args.process.leader_elect);
         assert_eq!(args.process.admin_addr.port(), 9000);
         assert!(Cli::try_parse_from(["tether-controller", "leader", "--admin-addr", "nope"]).is_err());
         assert!(Cli::try_parse_from(["tether-controller", "leader", "--lease-duration", "1"]).is_err());
         assert!(Cli::try_parse_from(["tether-controller"]).is_err());
+        let cli = Cli::try_parse_from(["tether-controller", "agent", "--leave-timeout", "90s"]).unwrap();
+        let Role::Agent(args) = cli.role else { panic!("agent") };
+        assert_eq!(args.leave_timeout.as_secs(), 90);
+        let err = Cli::try_parse_from(["tether-controller", "agent", "--leave-timeout", "soon"]).unwrap_err();
+        assert!(err.to_string().contains("not a duration"), "{err}");
     }
 }

@@ -4,7 +4,6 @@
 
 use std::cmp::Reverse;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use tether_api::clusterset::{MAX_MEMBER_SUMMARY, MemberCounts, MemberSummary};
@@ -84,34 +83,12 @@ pub fn leader_status(
     }
 }
 
-/// A condition that keeps its `lastTransitionTime` while its status does not change, so an
-/// unchanged status compares equal and is not written again.
-pub fn condition(
-    previous: &[Condition],
-    type_: &str,
-    status: &str,
-    reason: &str,
-    message: String,
-    now: Timestamp,
-) -> Condition {
-    let last_transition_time = previous
-        .iter()
-        .find(|c| c.type_ == type_ && c.status == status)
-        .map(|c| c.last_transition_time.clone())
-        .unwrap_or(Time(now));
-    Condition {
-        type_: type_.into(),
-        status: status.into(),
-        reason: reason.into(),
-        message,
-        last_transition_time,
-        observed_generation: None,
-    }
-}
+pub use tether_api::conditions::condition;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use tether_api::clusterset::ClusterSetRole;
     use tether_api::{ClusterSetSpec, ManagedClusterSpec, ManagedClusterStatus};
 

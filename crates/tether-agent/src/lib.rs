@@ -1,0 +1,384 @@
+//! Tether's member agent. It is configured by a Member ClusterSet in its namespace (written by the
+//! chart or `tether join`); for each one it runs a session (session.rs) that trusts the leader by
+//! pin before sending anything, registers with the join token, then heartbeats, reports status
+//! and renews its credential as its own ServiceAccount on the leader. Deleting the ClusterSet
+//! (finalizer) deregisters at the leader and removes what the agent created here.
+//!
+//! Only the replica holding the Lease runs sessions; the others keep their cache warm.
+
+pub mod discovery;
+pub mod metrics;
+pub mod register;
+pub mod report;
+pub mod session;
+pub mod state;
+pub mod view;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use tether_api::clusterset::ClusterSetRole;
+use tether_api::{ClusterSet, ClusterSetStatus, MemberClusterAnnounce, properties};
+use tokio::sync::{Mutex, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+pub use metrics::Metrics;
+
+/// The field manager of everything the agent writes.
+pub const FIELD_MANAGER: &str = "tether-agent";
+/// The finalizer that makes deleting a member ClusterSet a clean leave.
+pub const AGENT_FINALIZER: &str = "multicluster.tether.dev/agent-leave";
+/// The agent's version, reported in requests and ManagedCluster status.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// What the agent needs to run.
+pub struct Options {
+    /// The namespace of its Member ClusterSet, Secrets and Lease.
+    pub namespace: String,
+    /// This replica's name, for Events.
+    pub instance: Option<String>,
+    /// Whether this replica holds the lease.
+    pub leader: watch::Receiver<bool>,
+    /// Set once the cache is synced (for `/readyz`).
+    pub ready: watch::Sender<bool>,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// The member API server URL as the agent reaches it (reported to the leader).
+    pub api_server_url: String,
+    /// How long a registration may wait for the leader's decision before retrying.
+    pub registration_timeout: Duration,
+    /// How long leaving tries to deregister at an unreachable leader before giving up.
+    pub leave_timeout: Duration,
+}
+
+struct Running {
+    generation: Option<i64>,
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Shared state of the agent.
+pub struct Context {
+    /// Client of the member cluster (the agent's own ServiceAccount).
+    pub client: Client,
+    /// The agent's namespace.
+    pub namespace: String,
+    /// Member ClusterSets in that namespace.
+    pub sets: Store<ClusterSet>,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// The member API server URL.
+    pub api_server_url: String,
+    /// See `Options::registration_timeout`.
+    pub registration_timeout: Duration,
+    leave_timeout: Duration,
+    recorder: Recorder,
+    leader: watch::Receiver<bool>,
+    sessions: Mutex<HashMap<String, Running>>,
+}
+
+/// Errors of the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The leader is not trusted or not reachable for discovery.
+    #[error(transparent)]
+    Discovery(#[from] discovery::DiscoveryError),
+    /// A call to the member API server failed.
+    #[error("{op} {name}: {source}")]
+    Member {
+        /// What was attempted.
+        op: &'static str,
+        /// The object.
+        name: String,
+        /// The cause.
+        source: kube::Error,
+    },
+    /// A call to the leader failed (network, server error).
+    #[error("{op} at the leader: {source}")]
+    Leader {
+        /// What was attempted.
+        op: &'static str,
+        /// The cause.
+        source: kube::Error,
+    },
+    /// The join token Secret is missing or empty.
+    #[error("join token Secret {secret} (key {key}) is missing or empty: create it, or run `tether join` again")]
+    JoinTokenMissing {
+        /// The Secret.
+        secret: String,
+        /// The key.
+        key: String,
+    },
+    /// The leader rejected the join token (expired or deleted).
+    #[error(
+        "the leader rejected the join token (expired or deleted): create a new one on the leader with \
+         `tether token create` and update the join token Secret"
+    )]
+    JoinTokenRejected,
+    /// The join token may not register here.
+    #[error("the join token may not register in this set ({0}): check the set name and leaderNamespace")]
+    JoinTokenForbidden(String),
+    /// The leader denied the registration.
+    #[error("registration denied ({reason}): {message}")]
+    Denied {
+        /// The machine-readable reason.
+        reason: String,
+        /// The leader's explanation.
+        message: String,
+    },
+    /// The leader did not decide in time.
+    #[error("registration request {request} still pending: {message}")]
+    RegistrationTimeout {
+        /// The request.
+        request: String,
+        /// Its last message.
+        message: String,
+    },
+    /// The leader no longer accepts the credential.
+    #[error("credential rejected: {0}")]
+    CredentialRejected(String),
+    /// The credential could not be unsealed.
+    #[error("cannot unseal the credential: {0}")]
+    Seal(#[from] tether_seal::SealError),
+    /// The explicit cluster ID disagrees with the recorded one.
+    #[error(
+        "spec.clusterID {explicit} differs from the cluster's recorded ID {property} (ClusterProperty \
+         cluster.clusterset.k8s.io): use that ID, or delete the ClusterProperty if the cluster really changed"
+    )]
+    ClusterIdConflict {
+        /// The spec's value.
+        explicit: String,
+        /// The property's value.
+        property: String,
+    },
+    /// Serialization failed.
+    #[error("serialize: {0}")]
+    Serialize(String),
+    /// Adding or removing the finalizer failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// Something that cannot happen did.
+    #[error("invariant violated: {0}")]
+    Invariant(&'static str),
+}
+
+impl Context {
+    fn is_leader(&self) -> bool {
+        *self.leader.borrow()
+    }
+
+    /// Publishes an Event about the member ClusterSet.
+    pub async fn event(&self, set: &ClusterSet, warning: bool, reason: &str, note: &str) {
+        let ev = Event {
+            type_: if warning { EventType::Warning } else { EventType::Normal },
+            reason: reason.into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "Membership".into(),
+            secondary: None,
+        };
+        if let Err(err) = self.recorder.publish(&ev, &set.object_ref(&())).await {
+            warn!(error = &err as &dyn std::error::Error, "Cannot publish event");
+        }
+    }
+
+    /// Writes the member ClusterSet's status (server-side apply, the agent's fields only).
+    pub async fn write_status(&self, set: &ClusterSet, status: &ClusterSetStatus) -> Result<(), Error> {
+        if !self.is_leader() {
+            return Ok(());
+        }
+        let api = Api::<ClusterSet>::namespaced(self.client.clone(), &self.namespace);
+        let body = serde_json::json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterSet",
+                                      "status": status});
+        api.patch_status(&set.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(body))
+            .await
+            .map_err(|source| Error::Member {
+                op: "patch ClusterSet status",
+                name: set.name_any(),
+                source,
+            })?;
+        Ok(())
+    }
+
+    async fn ensure_session(self: &Arc<Self>, set: Arc<ClusterSet>) {
+        let uid = set.uid().unwrap_or_default();
+        let mut sessions = self.sessions.lock().await;
+        if let Some(r) = sessions.get(&uid)
+            && r.generation == set.metadata.generation
+            && !r.task.is_finished()
+        {
+            return;
+        }
+        if let Some(old) = sessions.remove(&uid) {
+            old.cancel.cancel();
+            let _ = old.task.await;
+        }
+        info!(set = %set.name_any(), generation = ?set.metadata.generation, "Starting member session");
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(session::run(self.clone(), set.clone(), cancel.clone()));
+        sessions.insert(uid, Running {
+            generation: set.metadata.generation,
+            cancel,
+            task,
+        });
+    }
+
+    async fn stop_sessions(&self, uid: Option<&str>) {
+        let mut sessions = self.sessions.lock().await;
+        let keys: Vec<String> = sessions.keys().filter(|k| uid.is_none_or(|u| u == *k)).cloned().collect();
+        for k in keys {
+            if let Some(r) = sessions.remove(&k) {
+                r.cancel.cancel();
+                let _ = r.task.await;
+            }
+        }
+    }
+}
+
+/// Leaves: deregisters at the leader (deletes the announce), then removes the set's
+/// ClusterProperty and the agent's Secrets here. An unreachable leader is given up on after
+/// `leave_timeout`, with a Warning Event and log, so a leave never hangs forever.
+async fn leave(ctx: &Context, set: &ClusterSet) -> Result<(), Error> {
+    info!(set = %set.name_any(), "Leaving the ClusterSet");
+    let stored = state::load_credential(&ctx.client, &ctx.namespace).await?;
+    if let (Some(stored), Some(spec)) = (stored, set.spec.member.as_ref()) {
+        let trust = if spec.insecure_skip_ca_verification && spec.ca_cert_hash.is_none() && spec.ca_bundle.is_none() {
+            discovery::Trust::Insecure
+        } else {
+            discovery::Trust::Ca(stored.credential.ca_cert.clone())
+        };
+        let config = discovery::leader_config(&spec.leader_url, &trust, Some(&stored.credential.token))?;
+        let client = Client::try_from(config).map_err(|source| Error::Leader { op: "build client", source })?;
+        let api = Api::<MemberClusterAnnounce>::namespaced(client, &stored.credential.namespace);
+        let deregister = async {
+            loop {
+                match api.delete(&spec.cluster_name, &DeleteParams::default()).await {
+                    Ok(_) => return,
+                    // Already gone (or the credential is dead): nothing left to deregister.
+                    Err(kube::Error::Api(s)) if matches!(s.code, 401 | 403 | 404) => return,
+                    Err(e) => {
+                        warn!(error = &e as &dyn std::error::Error, "Deregistration failed; retrying");
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                    }
+                }
+            }
+        };
+        match tokio::time::timeout(ctx.leave_timeout, deregister).await {
+            Ok(()) => info!(set = %set.name_any(), "Deregistered at the leader"),
+            Err(_) => {
+                let msg = format!(
+                    "could not reach the leader within {:?} to deregister; its member record will expire \
+                     (memberExpiry), or remove it there with `kubectl delete ns {}`",
+                    ctx.leave_timeout, stored.credential.namespace
+                );
+                warn!(set = %set.name_any(), "{msg}");
+                ctx.event(set, true, "LeaveIncomplete", &msg).await;
+            }
+        }
+    }
+    state::delete_property(&ctx.client, properties::CLUSTER_SET).await?;
+    state::delete_secret(&ctx.client, &ctx.namespace, state::CREDENTIAL_SECRET).await?;
+    state::delete_secret(&ctx.client, &ctx.namespace, state::KEY_SECRET).await?;
+    ctx.event(set, false, "Left", "left the ClusterSet; credential and key removed").await;
+    Ok(())
+}
+
+async fn reconcile(set: Arc<ClusterSet>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if set.spec.role != ClusterSetRole::Member {
+        return Ok(Action::await_change());
+    }
+    if !ctx.is_leader() {
+        ctx.stop_sessions(None).await;
+        return Ok(Action::await_change());
+    }
+    let api = Api::<ClusterSet>::namespaced(ctx.client.clone(), &ctx.namespace);
+    finalizer(&api, AGENT_FINALIZER, set, |ev| async {
+        match ev {
+            Finalizer::Apply(set) => {
+                ctx.ensure_session(set).await;
+                Ok(Action::requeue(Duration::from_secs(60)))
+            }
+            Finalizer::Cleanup(set) => {
+                ctx.stop_sessions(set.uid().as_deref()).await;
+                leave(&ctx, &set).await?;
+                Ok(Action::await_change())
+            }
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+fn error_policy(set: Arc<ClusterSet>, err: &Error, _ctx: Arc<Context>) -> Action {
+    warn!(set = %set.name_any(), error = err as &dyn std::error::Error, "Reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// Runs the agent until `shutdown` is cancelled.
+pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
+    let api = Api::<ClusterSet>::namespaced(client.clone(), &opts.namespace);
+    let controller = Controller::new(api, watcher::Config::default());
+    let sets = controller.store();
+    let reporter = Reporter {
+        controller: "tether-agent".into(),
+        instance: opts.instance.clone(),
+    };
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        namespace: opts.namespace.clone(),
+        sets: sets.clone(),
+        metrics: opts.metrics,
+        api_server_url: opts.api_server_url,
+        registration_timeout: opts.registration_timeout,
+        leave_timeout: opts.leave_timeout,
+        recorder: Recorder::new(client, reporter),
+        leader: opts.leader.clone(),
+        sessions: Mutex::default(),
+    });
+    let gained = futures::stream::unfold(opts.leader.clone(), |mut rx| async move {
+        loop {
+            rx.changed().await.ok()?;
+            if *rx.borrow_and_update() {
+                return Some(((), rx));
+            }
+        }
+    });
+    // Losing the lease stops every session at once.
+    let lost = {
+        let ctx = ctx.clone();
+        let mut rx = opts.leader.clone();
+        async move {
+            while rx.changed().await.is_ok() {
+                if !*rx.borrow_and_update() {
+                    ctx.stop_sessions(None).await;
+                }
+            }
+        }
+    };
+    let lost = tokio::spawn(lost);
+    let ready = opts.ready;
+    let ready_task = tokio::spawn(async move {
+        if sets.wait_until_ready().await.is_ok() {
+            ready.send_replace(true);
+        }
+    });
+    controller
+        .reconcile_all_on(gained)
+        .graceful_shutdown_on(shutdown.cancelled_owned())
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|_| async {})
+        .await;
+    ctx.stop_sessions(None).await;
+    lost.abort();
+    ready_task.abort();
+    info!("Agent stopped");
+}

@@ -1,0 +1,107 @@
+//! Registration with the join token: create a ClusterRegistrationRequest carrying the cluster ID,
+//! name, labels and public key, wait (with backoff) for the leader's decision, and unseal the
+//! credential. Only called once the leader's CA is trusted (discovery.rs).
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::{Client, ResourceExt};
+use tether_api::registration::RegistrationResult;
+use tether_api::{ClusterRegistrationRequest, ClusterRegistrationRequestSpec};
+use tracing::info;
+
+use crate::state::Stored;
+use crate::{Error, VERSION};
+
+/// Where the leader keeps registration requests: the set's home namespace.
+pub struct Target<'a> {
+    /// A client of the leader with the join token.
+    pub bootstrap: Client,
+    /// The set's home namespace on the leader (the member ClusterSet's namespace name is not
+    /// necessarily the same; the join config carries it).
+    pub namespace: &'a str,
+}
+
+/// What to register as.
+pub struct Registration<'a> {
+    /// The cluster ID.
+    pub cluster_id: &'a str,
+    /// The cluster name.
+    pub cluster_name: &'a str,
+    /// Labels for the ManagedCluster.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// The agent's private key (to unseal).
+    pub identity: &'a str,
+    /// The agent's public key (to seal to).
+    pub recipient: &'a str,
+}
+
+fn classify(op: &'static str) -> impl FnOnce(kube::Error) -> Error {
+    move |source| match &source {
+        kube::Error::Api(s) if s.code == 401 => Error::JoinTokenRejected,
+        kube::Error::Api(s) if s.code == 403 => Error::JoinTokenForbidden(s.message.clone()),
+        _ => Error::Leader { op, source },
+    }
+}
+
+/// Registers and returns the unsealed credential; Denied is a permanent error until the spec changes.
+pub async fn register(target: &Target<'_>, reg: &Registration<'_>, timeout: Duration) -> Result<Stored, Error> {
+    let api = Api::<ClusterRegistrationRequest>::namespaced(target.bootstrap.clone(), target.namespace);
+    let mut req = ClusterRegistrationRequest::new(
+        "",
+        ClusterRegistrationRequestSpec {
+            cluster_id: reg.cluster_id.into(),
+            cluster_name: reg.cluster_name.into(),
+            public_key: reg.recipient.into(),
+            agent_version: Some(VERSION.into()),
+            labels: reg.labels.clone(),
+        },
+    );
+    req.metadata = ObjectMeta {
+        generate_name: Some(format!("{}-", reg.cluster_name)),
+        ..ObjectMeta::default()
+    };
+    let created = api.create(&PostParams::default(), &req).await.map_err(classify("create registration request"))?;
+    let name = created.name_any();
+    info!(request = %name, cluster_id = %reg.cluster_id, "Registration request created; waiting for the leader");
+
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut wait = Duration::from_millis(250);
+    loop {
+        let r = api.get(&name).await.map_err(classify("read registration request"))?;
+        let status = r.status.unwrap_or_default();
+        match status.result {
+            RegistrationResult::Approved => {
+                let sealed = status.credential.ok_or(Error::Invariant("Approved without a credential"))?.sealed;
+                let credential = tether_seal::unseal(&sealed, reg.identity)?;
+                let ttl_seconds = credential
+                    .expiration_timestamp
+                    .parse::<Timestamp>()
+                    .map(|exp| (exp - Timestamp::now()).get_seconds().max(600))
+                    .unwrap_or(3600);
+                info!(request = %name, namespace = %credential.namespace, "Registration approved");
+                return Ok(Stored {
+                    credential,
+                    ttl_seconds,
+                });
+            }
+            RegistrationResult::Denied => {
+                return Err(Error::Denied {
+                    reason: format!("{:?}", status.reason),
+                    message: status.message.unwrap_or_default(),
+                });
+            }
+            RegistrationResult::Pending => {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(Error::RegistrationTimeout {
+                        request: name,
+                        message: status.message.unwrap_or_else(|| "no decision yet".into()),
+                    });
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
