@@ -2,6 +2,7 @@
 //! can send what the Rust types would refuse to build), API error inspection, RBAC set-up, and
 //! (`sim`) a leader with simulated members.
 
+pub mod fleet;
 pub mod sim;
 
 use kube::api::{Api, DynamicObject, PostParams};

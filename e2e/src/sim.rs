@@ -94,6 +94,7 @@ impl Leader {
             leader,
             ready,
             metrics: metrics.clone(),
+            leader_url: cluster.url().to_string(),
         };
         tokio::spawn(tether_leader::run(as_leader, opts, stop.clone()));
         Self {

@@ -73,7 +73,9 @@ pub fn pins(pem_bundle: &str) -> Result<Vec<CaPin>, DiscoveryError> {
     let blocks = pem::parse_many(pem_bundle).map_err(|e| DiscoveryError::BadCertificate(e.to_string()))?;
     let certs: Vec<_> = blocks.iter().filter(|p| p.tag() == "CERTIFICATE").collect();
     if certs.is_empty() {
-        return Err(DiscoveryError::BadCertificate("no CERTIFICATE in the PEM data".into()));
+        return Err(DiscoveryError::BadCertificate(
+            "no CERTIFICATE in the PEM data".into(),
+        ));
     }
     certs
         .into_iter()
@@ -115,10 +117,12 @@ pub enum Trust {
 
 /// Client configuration for the leader at `url` with `trust`, authenticating with `token` if any.
 pub fn leader_config(url: &str, trust: &Trust, token: Option<&str>) -> Result<Config, DiscoveryError> {
-    let uri = url.parse().map_err(|e: http::uri::InvalidUri| DiscoveryError::BadUrl {
-        url: url.to_string(),
-        reason: e.to_string(),
-    })?;
+    let uri = url
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| DiscoveryError::BadUrl {
+            url: url.to_string(),
+            reason: e.to_string(),
+        })?;
     let mut config = Config::new(uri);
     match trust {
         Trust::Ca(pem_bundle) => {
@@ -206,7 +210,12 @@ mod tests {
         params.distinguished_name.push(rcgen::DnType::CommonName, cn);
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         let cert = params.self_signed(&key).unwrap();
-        let pin = format!("sha256:{}", hex::encode(Sha256::digest(rcgen::PublicKeyData::subject_public_key_info(&key))));
+        let pin = format!(
+            "sha256:{}",
+            hex::encode(Sha256::digest(rcgen::PublicKeyData::subject_public_key_info(
+                &key
+            )))
+        );
         (cert.pem(), pin)
     }
 
@@ -226,7 +235,10 @@ mod tests {
         let (_, other) = ca("impostor");
         let err = check_pin(&pem, &other).unwrap_err().to_string();
         assert!(err.contains(&pin) && err.contains("leader-ca"), "{err}");
-        assert!(err.contains("Nothing was sent") && err.contains("tether init"), "{err}");
+        assert!(
+            err.contains("Nothing was sent") && err.contains("tether init"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -238,7 +250,10 @@ mod tests {
 
     #[test]
     fn garbage_is_a_clear_error() {
-        assert!(matches!(pins("not a pem"), Err(DiscoveryError::BadCertificate(_))));
+        assert!(matches!(
+            pins("not a pem"),
+            Err(DiscoveryError::BadCertificate(_))
+        ));
         assert!(ca_from_kubeconfig("clusters: []").is_err());
         let (pem, _) = ca("leader-ca");
         let kc = format!(

@@ -112,7 +112,9 @@ pub enum Error {
         source: kube::Error,
     },
     /// The join token Secret is missing or empty.
-    #[error("join token Secret {secret} (key {key}) is missing or empty: create it, or run `tether join` again")]
+    #[error(
+        "join token Secret {secret} (key {key}) is missing or empty: create it, or run `tether join` again"
+    )]
     JoinTokenMissing {
         /// The Secret.
         secret: String,
@@ -180,7 +182,11 @@ impl Context {
     /// Publishes an Event about the member ClusterSet.
     pub async fn event(&self, set: &ClusterSet, warning: bool, reason: &str, note: &str) {
         let ev = Event {
-            type_: if warning { EventType::Warning } else { EventType::Normal },
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
             reason: reason.into(),
             note: Some(note.chars().take(1000).collect()),
             action: "Membership".into(),
@@ -199,13 +205,17 @@ impl Context {
         let api = Api::<ClusterSet>::namespaced(self.client.clone(), &self.namespace);
         let body = serde_json::json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterSet",
                                       "status": status});
-        api.patch_status(&set.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(body))
-            .await
-            .map_err(|source| Error::Member {
-                op: "patch ClusterSet status",
-                name: set.name_any(),
-                source,
-            })?;
+        api.patch_status(
+            &set.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(body),
+        )
+        .await
+        .map_err(|source| Error::Member {
+            op: "patch ClusterSet status",
+            name: set.name_any(),
+            source,
+        })?;
         Ok(())
     }
 
@@ -225,16 +235,23 @@ impl Context {
         info!(set = %set.name_any(), generation = ?set.metadata.generation, "Starting member session");
         let cancel = CancellationToken::new();
         let task = tokio::spawn(session::run(self.clone(), set.clone(), cancel.clone()));
-        sessions.insert(uid, Running {
-            generation: set.metadata.generation,
-            cancel,
-            task,
-        });
+        sessions.insert(
+            uid,
+            Running {
+                generation: set.metadata.generation,
+                cancel,
+                task,
+            },
+        );
     }
 
     async fn stop_sessions(&self, uid: Option<&str>) {
         let mut sessions = self.sessions.lock().await;
-        let keys: Vec<String> = sessions.keys().filter(|k| uid.is_none_or(|u| u == *k)).cloned().collect();
+        let keys: Vec<String> = sessions
+            .keys()
+            .filter(|k| uid.is_none_or(|u| u == *k))
+            .cloned()
+            .collect();
         for k in keys {
             if let Some(r) = sessions.remove(&k) {
                 r.cancel.cancel();
@@ -251,36 +268,55 @@ async fn leave(ctx: &Context, set: &ClusterSet) -> Result<(), Error> {
     info!(set = %set.name_any(), "Leaving the ClusterSet");
     let stored = state::load_credential(&ctx.client, &ctx.namespace).await?;
     if let (Some(stored), Some(spec)) = (stored, set.spec.member.as_ref()) {
-        let trust = if spec.insecure_skip_ca_verification && spec.ca_cert_hash.is_none() && spec.ca_bundle.is_none() {
+        let trust = if spec.insecure_skip_ca_verification
+            && spec.ca_cert_hash.is_none()
+            && spec.ca_bundle.is_none()
+        {
             discovery::Trust::Insecure
         } else {
             discovery::Trust::Ca(stored.credential.ca_cert.clone())
         };
         let config = discovery::leader_config(&spec.leader_url, &trust, Some(&stored.credential.token))?;
-        let client = Client::try_from(config).map_err(|source| Error::Leader { op: "build client", source })?;
+        let client = Client::try_from(config).map_err(|source| Error::Leader {
+            op: "build client",
+            source,
+        })?;
         let api = Api::<MemberClusterAnnounce>::namespaced(client, &stored.credential.namespace);
         let deregister = async {
             loop {
                 match api.delete(&spec.cluster_name, &DeleteParams::default()).await {
-                    Ok(_) => return,
-                    // Already gone (or the credential is dead): nothing left to deregister.
-                    Err(kube::Error::Api(s)) if matches!(s.code, 401 | 403 | 404) => return,
+                    Ok(_) => return Ok(()),
+                    // Already gone: nothing left to deregister.
+                    Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+                    // The credential is dead: the leader cannot be told.
+                    Err(kube::Error::Api(s)) if matches!(s.code, 401 | 403) => return Err(s.message),
                     Err(e) => {
-                        warn!(error = &e as &dyn std::error::Error, "Deregistration failed; retrying");
+                        warn!(
+                            error = &e as &dyn std::error::Error,
+                            "Deregistration failed; retrying"
+                        );
                         tokio::time::sleep(Duration::from_secs(2)).await;
                     }
                 }
             }
         };
-        match tokio::time::timeout(ctx.leave_timeout, deregister).await {
-            Ok(()) => info!(set = %set.name_any(), "Deregistered at the leader"),
-            Err(_) => {
+        let why = match tokio::time::timeout(ctx.leave_timeout, deregister).await {
+            Ok(Ok(())) => None,
+            Ok(Err(rejected)) => Some(format!("the leader rejected the credential ({rejected})")),
+            Err(_) => Some(format!(
+                "could not reach the leader within {:?}",
+                ctx.leave_timeout
+            )),
+        };
+        match why {
+            None => info!(set = %set.name_any(), "Deregistered at the leader"),
+            Some(why) => {
                 let msg = format!(
-                    "could not reach the leader within {:?} to deregister; its member record will expire \
-                     (memberExpiry), or remove it there with `kubectl delete ns {}`",
-                    ctx.leave_timeout, stored.credential.namespace
+                    "{why}, so the leader was not told: it marks this member lost and removes it after \
+                     memberExpiry, or an admin removes it there at once with `kubectl delete ns {}`",
+                    stored.credential.namespace
                 );
-                warn!(set = %set.name_any(), "{msg}");
+                warn!(set = %set.name_any(), "Leave incomplete: {msg}");
                 ctx.event(set, true, "LeaveIncomplete", &msg).await;
             }
         }
@@ -288,7 +324,13 @@ async fn leave(ctx: &Context, set: &ClusterSet) -> Result<(), Error> {
     state::delete_property(&ctx.client, properties::CLUSTER_SET).await?;
     state::delete_secret(&ctx.client, &ctx.namespace, state::CREDENTIAL_SECRET).await?;
     state::delete_secret(&ctx.client, &ctx.namespace, state::KEY_SECRET).await?;
-    ctx.event(set, false, "Left", "left the ClusterSet; credential and key removed").await;
+    ctx.event(
+        set,
+        false,
+        "Left",
+        "left the ClusterSet; credential and key removed",
+    )
+    .await;
     Ok(())
 }
 

@@ -38,12 +38,36 @@ impl Default for Metrics {
             reachable: Gauge::default(),
             leader: Gauge::default(),
         };
-        registry.register("heartbeats", "Announce renewals, by result (ok, failed)", m.heartbeats.clone());
-        registry.register("registrations", "Registrations, by result", m.registrations.clone());
-        registry.register("status_writes", "ManagedCluster status writes to the leader", m.status_writes.clone());
-        registry.register("credential_renewals", "Credential renewals, by result", m.renewals.clone());
-        registry.register("leader_reachable", "1 while heartbeats reach the leader", m.reachable.clone());
-        registry.register("is_leader", "1 while this replica holds the lease", m.leader.clone());
+        registry.register(
+            "heartbeats",
+            "Announce renewals, by result (ok, failed)",
+            m.heartbeats.clone(),
+        );
+        registry.register(
+            "registrations",
+            "Registrations, by result",
+            m.registrations.clone(),
+        );
+        registry.register(
+            "status_writes",
+            "ManagedCluster status writes to the leader",
+            m.status_writes.clone(),
+        );
+        registry.register(
+            "credential_renewals",
+            "Credential renewals, by result",
+            m.renewals.clone(),
+        );
+        registry.register(
+            "leader_reachable",
+            "1 while heartbeats reach the leader",
+            m.reachable.clone(),
+        );
+        registry.register(
+            "is_leader",
+            "1 while this replica holds the lease",
+            m.leader.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             ..m

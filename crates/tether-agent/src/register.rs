@@ -46,7 +46,11 @@ fn classify(op: &'static str) -> impl FnOnce(kube::Error) -> Error {
 }
 
 /// Registers and returns the unsealed credential; Denied is a permanent error until the spec changes.
-pub async fn register(target: &Target<'_>, reg: &Registration<'_>, timeout: Duration) -> Result<Stored, Error> {
+pub async fn register(
+    target: &Target<'_>,
+    reg: &Registration<'_>,
+    timeout: Duration,
+) -> Result<Stored, Error> {
     let api = Api::<ClusterRegistrationRequest>::namespaced(target.bootstrap.clone(), target.namespace);
     let mut req = ClusterRegistrationRequest::new(
         "",
@@ -62,18 +66,27 @@ pub async fn register(target: &Target<'_>, reg: &Registration<'_>, timeout: Dura
         generate_name: Some(format!("{}-", reg.cluster_name)),
         ..ObjectMeta::default()
     };
-    let created = api.create(&PostParams::default(), &req).await.map_err(classify("create registration request"))?;
+    let created = api
+        .create(&PostParams::default(), &req)
+        .await
+        .map_err(classify("create registration request"))?;
     let name = created.name_any();
     info!(request = %name, cluster_id = %reg.cluster_id, "Registration request created; waiting for the leader");
 
     let deadline = tokio::time::Instant::now() + timeout;
     let mut wait = Duration::from_millis(250);
     loop {
-        let r = api.get(&name).await.map_err(classify("read registration request"))?;
+        let r = api
+            .get(&name)
+            .await
+            .map_err(classify("read registration request"))?;
         let status = r.status.unwrap_or_default();
         match status.result {
             RegistrationResult::Approved => {
-                let sealed = status.credential.ok_or(Error::Invariant("Approved without a credential"))?.sealed;
+                let sealed = status
+                    .credential
+                    .ok_or(Error::Invariant("Approved without a credential"))?
+                    .sealed;
                 let credential = tether_seal::unseal(&sealed, reg.identity)?;
                 let ttl_seconds = credential
                     .expiration_timestamp

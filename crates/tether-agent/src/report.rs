@@ -32,7 +32,9 @@ pub struct Report {
 }
 
 /// Counts nodes by their Ready condition and sums their capacity and allocatable.
-pub fn summarize<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> (NodeCounts, BTreeMap<String, Quantity>, BTreeMap<String, Quantity>) {
+pub fn summarize<'a>(
+    nodes: impl IntoIterator<Item = &'a Node>,
+) -> (NodeCounts, BTreeMap<String, Quantity>, BTreeMap<String, Quantity>) {
     let mut counts = NodeCounts::default();
     let mut capacity: BTreeMap<&str, ParsedQuantity> = BTreeMap::new();
     let mut allocatable: BTreeMap<&str, ParsedQuantity> = BTreeMap::new();
@@ -60,7 +62,10 @@ pub fn summarize<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> (NodeCounts, 
 fn add(sum: &mut BTreeMap<&'static str, ParsedQuantity>, values: Option<&BTreeMap<String, Quantity>>) {
     for name in RESOURCES {
         // NB: an unparsable quantity from a node is skipped rather than failing the whole report.
-        if let Some(q) = values.and_then(|v| v.get(name)).and_then(|q| ParsedQuantity::try_from(q).ok()) {
+        if let Some(q) = values
+            .and_then(|v| v.get(name))
+            .and_then(|q| ParsedQuantity::try_from(q).ok())
+        {
             let total = sum.remove(name).map_or(q.clone(), |t| t + q);
             sum.insert(name, total);
         }
@@ -68,7 +73,9 @@ fn add(sum: &mut BTreeMap<&'static str, ParsedQuantity>, values: Option<&BTreeMa
 }
 
 fn to_quantities(sum: BTreeMap<&str, ParsedQuantity>) -> BTreeMap<String, Quantity> {
-    sum.into_iter().map(|(k, v)| (k.to_string(), Quantity::from(v))).collect()
+    sum.into_iter()
+        .map(|(k, v)| (k.to_string(), Quantity::from(v)))
+        .collect()
 }
 
 /// Whether `next` differs enough from the last written report to be written.
@@ -103,7 +110,12 @@ mod tests {
 
     fn node(ready: Option<&str>, cpu: &str, mem: &str, alloc_mem: &str) -> Node {
         let q = |pairs: &[(&str, &str)]| {
-            Some(pairs.iter().map(|(k, v)| (k.to_string(), Quantity(v.to_string()))).collect())
+            Some(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                    .collect(),
+            )
         };
         Node {
             status: Some(NodeStatus {
@@ -114,7 +126,12 @@ mod tests {
                         ..NodeCondition::default()
                     }]
                 }),
-                capacity: q(&[("cpu", cpu), ("memory", mem), ("pods", "110"), ("hugepages-2Mi", "0")]),
+                capacity: q(&[
+                    ("cpu", cpu),
+                    ("memory", mem),
+                    ("pods", "110"),
+                    ("hugepages-2Mi", "0"),
+                ]),
                 allocatable: q(&[("cpu", cpu), ("memory", alloc_mem), ("pods", "110")]),
                 ..NodeStatus::default()
             }),
@@ -130,7 +147,10 @@ mod tests {
             node(None, "500m", "1Gi", "1Gi"),
         ];
         let (counts, capacity, allocatable) = summarize(&nodes);
-        assert_eq!((counts.total, counts.ready, counts.not_ready, counts.unknown), (3, 1, 1, 1));
+        assert_eq!(
+            (counts.total, counts.ready, counts.not_ready, counts.unknown),
+            (3, 1, 1, 1)
+        );
         assert_eq!(counts.summary, "1/3");
         let bytes = |m: &BTreeMap<String, Quantity>, k: &str| {
             ParsedQuantity::try_from(&m[k]).unwrap().to_bytes_f64().unwrap()
@@ -139,7 +159,10 @@ mod tests {
         assert_eq!(bytes(&capacity, "memory"), 25.0 * 1024.0 * 1024.0 * 1024.0);
         assert_eq!(bytes(&allocatable, "memory"), 23.0 * 1024.0 * 1024.0 * 1024.0);
         assert_eq!(bytes(&capacity, "pods"), 330.0);
-        assert!(!capacity.contains_key("hugepages-2Mi"), "only the summed resources");
+        assert!(
+            !capacity.contains_key("hugepages-2Mi"),
+            "only the summed resources"
+        );
     }
 
     #[test]
@@ -160,12 +183,18 @@ mod tests {
         assert!(!worth_writing(Some(&base), &jitter), "0.3% allocatable jitter");
         let drop = report(&[node(Some("True"), "4", "16Gi", "14000Mi")]);
         assert!(worth_writing(Some(&base), &drop), "6.7% allocatable drop");
-        let added = report(&[node(Some("True"), "4", "16Gi", "15000Mi"), node(Some("True"), "4", "16Gi", "15000Mi")]);
+        let added = report(&[
+            node(Some("True"), "4", "16Gi", "15000Mi"),
+            node(Some("True"), "4", "16Gi", "15000Mi"),
+        ]);
         assert!(worth_writing(Some(&base), &added), "a new node");
         let not_ready = report(&[node(Some("False"), "4", "16Gi", "15000Mi")]);
         assert!(worth_writing(Some(&base), &not_ready), "a node went NotReady");
         let mut unhealthy = base.clone();
         unhealthy.health.readyz = !base.health.readyz;
-        assert!(worth_writing(Some(&base), &unhealthy), "the API server's health changed");
+        assert!(
+            worth_writing(Some(&base), &unhealthy),
+            "the API server's health changed"
+        );
     }
 }

@@ -70,7 +70,10 @@ pub async fn run(ctx: Arc<Context>, set: Arc<ClusterSet>, cancel: CancellationTo
             // NB: drop the dead credential and register again at once with the join token.
             let ns = &shared.ctx.namespace;
             if let Err(e) = state::delete_secret(&shared.ctx.client, ns, state::CREDENTIAL_SECRET).await {
-                warn!(error = &e as &dyn std::error::Error, "Cannot delete the rejected credential");
+                warn!(
+                    error = &e as &dyn std::error::Error,
+                    "Cannot delete the rejected credential"
+                );
             }
             backoff = Duration::from_secs(1);
             continue;
@@ -84,7 +87,10 @@ pub async fn run(ctx: Arc<Context>, set: Arc<ClusterSet>, cancel: CancellationTo
 }
 
 fn spec(set: &ClusterSet) -> Result<&MemberSpec, Error> {
-    set.spec.member.as_ref().ok_or(Error::Invariant("a Member ClusterSet without spec.member"))
+    set.spec
+        .member
+        .as_ref()
+        .ok_or(Error::Invariant("a Member ClusterSet without spec.member"))
 }
 
 /// Connects, registers if needed, then serves until an error.
@@ -93,11 +99,19 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
     let spec = spec(&sh.set)?;
     let trust = discovery::trust_for(spec).await?;
     let verified = match &trust {
-        Trust::Ca(_) if spec.ca_bundle.is_some() => (true, "CABundle", "the leader is verified with caBundle".into()),
+        Trust::Ca(_) if spec.ca_bundle.is_some() => {
+            (true, "CABundle", "the leader is verified with caBundle".into())
+        }
         Trust::Ca(_) => (true, "PinMatched", "the leader's CA matches caCertHash".into()),
         Trust::Insecure => {
-            warn!("insecureSkipCAVerification is set: the leader is NOT verified; the join token may reach an impostor");
-            (false, "InsecureSkipCAVerification", "UNSAFE: the leader's CA is not verified".into())
+            warn!(
+                "insecureSkipCAVerification is set: the leader is NOT verified; the join token may reach an impostor"
+            );
+            (
+                false,
+                "InsecureSkipCAVerification",
+                "UNSAFE: the leader's CA is not verified".into(),
+            )
         }
     };
     update(sh, |v| v.ca_verified = Some(verified)).await;
@@ -107,10 +121,18 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
     let stored = match state::load_credential(&ctx.client, &ctx.namespace).await? {
         Some(s) if !expired(&s) => s,
         _ => {
-            update(sh, |v| v.registered = Some((false, "Registering", "waiting for the leader's decision".into()))).await;
+            update(sh, |v| {
+                v.registered = Some((false, "Registering", "waiting for the leader's decision".into()))
+            })
+            .await;
             let token = join_token(ctx, spec).await?;
-            let bootstrap = Client::try_from(discovery::leader_config(&spec.leader_url, &trust, Some(&token))?)
-                .map_err(|source| Error::Leader { op: "build client", source })?;
+            let bootstrap =
+                Client::try_from(discovery::leader_config(&spec.leader_url, &trust, Some(&token))?).map_err(
+                    |source| Error::Leader {
+                        op: "build client",
+                        source,
+                    },
+                )?;
             let reg = Registration {
                 cluster_id: &cluster_id,
                 cluster_name: &spec.cluster_name,
@@ -123,10 +145,17 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
                 namespace: &spec.leader_namespace,
             };
             let stored = register(&target, &reg, ctx.registration_timeout).await;
-            ctx.metrics.registration(if stored.is_ok() { "Approved" } else { "Failed" });
+            ctx.metrics
+                .registration(if stored.is_ok() { "Approved" } else { "Failed" });
             let stored = stored?;
             state::store_credential(&ctx.client, &ctx.namespace, &stored).await?;
-            ctx.event(&sh.set, false, "Registered", &format!("joined; namespace {} on the leader", stored.credential.namespace)).await;
+            ctx.event(
+                &sh.set,
+                false,
+                "Registered",
+                &format!("joined; namespace {} on the leader", stored.credential.namespace),
+            )
+            .await;
             stored
         }
     };
@@ -185,7 +214,10 @@ fn expired(s: &Stored) -> bool {
 
 fn leader_client(spec: &MemberSpec, trust: &Trust, s: &Stored) -> Result<Client, Error> {
     let config = discovery::leader_config(&spec.leader_url, trust, Some(&s.credential.token))?;
-    Client::try_from(config).map_err(|source| Error::Leader { op: "build client", source })
+    Client::try_from(config).map_err(|source| Error::Leader {
+        op: "build client",
+        source,
+    })
 }
 
 /// A credential error: the leader no longer accepts this identity.
@@ -203,7 +235,12 @@ fn jittered(interval: Duration) -> Duration {
     interval.mul_f64(factor)
 }
 
-async fn heartbeat(sh: &Arc<Shared>, client: watch::Receiver<Client>, ns: &str, name: &str) -> Result<(), Error> {
+async fn heartbeat(
+    sh: &Arc<Shared>,
+    client: watch::Receiver<Client>,
+    ns: &str,
+    name: &str,
+) -> Result<(), Error> {
     let mut interval = Duration::from_secs(10);
     let mut failures: u32 = 0;
     let pp = PatchParams {
@@ -218,9 +255,13 @@ async fn heartbeat(sh: &Arc<Shared>, client: watch::Receiver<Client>, ns: &str, 
             Ok(mca) => {
                 sh.ctx.metrics.heartbeat(true);
                 failures = 0;
-                interval = Duration::from_secs(mca.spec.heartbeat_interval_seconds.unwrap_or(10).max(1) as u64);
+                interval =
+                    Duration::from_secs(mca.spec.heartbeat_interval_seconds.unwrap_or(10).max(1) as u64);
                 let publish_time = {
-                    let mut last = sh.last_heartbeat_published.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut last = sh
+                        .last_heartbeat_published
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
                     let due = last.is_none_or(|t| t.elapsed() >= HEARTBEAT_STATUS_EVERY);
                     if due {
                         *last = Some(Instant::now());
@@ -228,7 +269,11 @@ async fn heartbeat(sh: &Arc<Shared>, client: watch::Receiver<Client>, ns: &str, 
                     due
                 };
                 update(sh, |v| {
-                    v.reachable = Some((true, "HeartbeatOK", format!("heartbeat every {}s", interval.as_secs())));
+                    v.reachable = Some((
+                        true,
+                        "HeartbeatOK",
+                        format!("heartbeat every {}s", interval.as_secs()),
+                    ));
                     if publish_time {
                         v.membership.last_heartbeat_time = Some(time(now));
                     }
@@ -242,9 +287,16 @@ async fn heartbeat(sh: &Arc<Shared>, client: watch::Receiver<Client>, ns: &str, 
                 }
                 sh.ctx.metrics.heartbeat(false);
                 failures += 1;
-                warn!(error = &err as &dyn std::error::Error, failures, "Heartbeat failed; retrying");
-                update(sh, |v| v.reachable = Some((false, "LeaderUnreachable", err.to_string()))).await;
-                let backoff = Duration::from_secs(1 << failures.min(6)).min(interval.max(Duration::from_secs(1)));
+                warn!(
+                    error = &err as &dyn std::error::Error,
+                    failures, "Heartbeat failed; retrying"
+                );
+                update(sh, |v| {
+                    v.reachable = Some((false, "LeaderUnreachable", err.to_string()))
+                })
+                .await;
+                let backoff =
+                    Duration::from_secs(1 << failures.min(6)).min(interval.max(Duration::from_secs(1)));
                 tokio::time::sleep(backoff).await;
                 continue;
             }
@@ -253,18 +305,26 @@ async fn heartbeat(sh: &Arc<Shared>, client: watch::Receiver<Client>, ns: &str, 
     }
 }
 
-async fn report(sh: &Arc<Shared>, client: watch::Receiver<Client>, ns: &str, name: &str) -> Result<(), Error> {
+async fn report(
+    sh: &Arc<Shared>,
+    client: watch::Receiver<Client>,
+    ns: &str,
+    name: &str,
+) -> Result<(), Error> {
     let member = sh.ctx.client.clone();
     let (nodes, writer) = reflector::store::<Node>();
     let changed = Arc::new(Notify::new());
     let notify = changed.clone();
-    let stream = reflector::reflector(writer, watcher(Api::<Node>::all(member.clone()), watcher::Config::default()))
-        .default_backoff()
-        .touched_objects()
-        .for_each(move |_| {
-            notify.notify_one();
-            async {}
-        });
+    let stream = reflector::reflector(
+        writer,
+        watcher(Api::<Node>::all(member.clone()), watcher::Config::default()),
+    )
+    .default_backoff()
+    .touched_objects()
+    .for_each(move |_| {
+        notify.notify_one();
+        async {}
+    });
     let drive = tokio::spawn(stream);
     let _stop = AbortOnDrop(drive);
     let _ = nodes.wait_until_ready().await;
@@ -287,7 +347,10 @@ async fn report(sh: &Arc<Shared>, client: watch::Receiver<Client>, ns: &str, nam
                     if matches!(err, Error::CredentialRejected(_)) {
                         return Err(err);
                     }
-                    warn!(error = &err as &dyn std::error::Error, "Status report failed; retrying");
+                    warn!(
+                        error = &err as &dyn std::error::Error,
+                        "Status report failed; retrying"
+                    );
                 }
             }
         }
@@ -328,7 +391,12 @@ async fn observe(member: &Client, nodes: &reflector::Store<Node>) -> Report {
     }
 }
 
-async fn write_status(api: &Api<ManagedCluster>, name: &str, r: &Report, url: &str) -> Result<(), kube::Error> {
+async fn write_status(
+    api: &Api<ManagedCluster>,
+    name: &str,
+    r: &Report,
+    url: &str,
+) -> Result<(), kube::Error> {
     let healthy = r.health.livez && r.health.readyz;
     let now = Timestamp::now();
     let status = json!({
@@ -340,8 +408,14 @@ async fn write_status(api: &Api<ManagedCluster>, name: &str, r: &Report, url: &s
                         "message": format!("livez={} readyz={}", r.health.livez, r.health.readyz),
                         "lastTransitionTime": now.to_string()}],
     });
-    let body = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ManagedCluster", "status": status});
-    api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(body)).await?;
+    let body =
+        json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ManagedCluster", "status": status});
+    api.patch_status(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(body),
+    )
+    .await?;
     Ok(())
 }
 
@@ -357,7 +431,8 @@ async fn renew(
             .map(|e| (e - Timestamp::now()).get_seconds().max(0) as u64)
             .unwrap_or(0);
         // Renew with a third of the lifetime left.
-        let wait = Duration::from_secs(remaining.saturating_sub(stored.ttl_seconds as u64 / 3)).max(Duration::from_secs(5));
+        let wait = Duration::from_secs(remaining.saturating_sub(stored.ttl_seconds as u64 / 3))
+            .max(Duration::from_secs(5));
         tokio::time::sleep(wait).await;
         let api = Api::<ServiceAccount>::namespaced(client_tx.borrow().clone(), &stored.credential.namespace);
         let req = TokenRequest {
@@ -367,7 +442,10 @@ async fn renew(
             },
             ..TokenRequest::default()
         };
-        match api.create_token_request(&stored.credential.service_account, &PostParams::default(), &req).await {
+        match api
+            .create_token_request(&stored.credential.service_account, &PostParams::default(), &req)
+            .await
+        {
             Ok(t) => {
                 let Some(status) = t.status else { continue };
                 stored.credential.token = status.token;
@@ -385,7 +463,10 @@ async fn renew(
                 if matches!(err, Error::CredentialRejected(_)) {
                     return Err(err);
                 }
-                warn!(error = &err as &dyn std::error::Error, "Credential renewal failed; retrying");
+                warn!(
+                    error = &err as &dyn std::error::Error,
+                    "Credential renewal failed; retrying"
+                );
                 tokio::time::sleep(Duration::from_secs(10)).await;
             }
         }
@@ -402,10 +483,17 @@ async fn record_failure(sh: &Arc<Shared>, err: &Error) {
             sh.ctx.event(&sh.set, true, "PinMismatch", &msg).await;
         }
         Error::Discovery(_) | Error::Leader { .. } => {
-            update(sh, |v| v.reachable = Some((false, "LeaderUnreachable", msg.clone()))).await;
+            update(sh, |v| {
+                v.reachable = Some((false, "LeaderUnreachable", msg.clone()))
+            })
+            .await;
         }
         Error::JoinTokenRejected | Error::JoinTokenForbidden(_) | Error::JoinTokenMissing { .. } => {
-            let reason = if matches!(err, Error::JoinTokenRejected) { "JoinTokenExpired" } else { "JoinTokenInvalid" };
+            let reason = if matches!(err, Error::JoinTokenRejected) {
+                "JoinTokenExpired"
+            } else {
+                "JoinTokenInvalid"
+            };
             update(sh, |v| v.registered = Some((false, reason, msg.clone()))).await;
             sh.ctx.event(&sh.set, true, reason, &msg).await;
         }
@@ -414,8 +502,18 @@ async fn record_failure(sh: &Arc<Shared>, err: &Error) {
             sh.ctx.event(&sh.set, true, "RegistrationDenied", &msg).await;
         }
         Error::CredentialRejected(_) => {
-            update(sh, |v| v.registered = Some((false, "CredentialRejected", msg.clone()))).await;
-            sh.ctx.event(&sh.set, true, "CredentialRejected", "the leader rejected the credential; registering again").await;
+            update(sh, |v| {
+                v.registered = Some((false, "CredentialRejected", msg.clone()))
+            })
+            .await;
+            sh.ctx
+                .event(
+                    &sh.set,
+                    true,
+                    "CredentialRejected",
+                    "the leader rejected the credential; registering again",
+                )
+                .await;
         }
         _ => update(sh, |v| v.registered = Some((false, "Error", msg.clone()))).await,
     }
@@ -442,6 +540,9 @@ async fn update(sh: &Arc<Shared>, change: impl FnOnce(&mut View)) {
     }
     match sh.ctx.write_status(&set, &status).await {
         Ok(()) => *written = Some(status),
-        Err(e) => warn!(error = &e as &dyn std::error::Error, "Cannot write the member ClusterSet status"),
+        Err(e) => warn!(
+            error = &e as &dyn std::error::Error,
+            "Cannot write the member ClusterSet status"
+        ),
     }
 }

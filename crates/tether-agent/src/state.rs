@@ -35,23 +35,39 @@ pub fn secret_text(secret: &Secret, key: &str) -> Option<String> {
         .or_else(|| secret.string_data.as_ref().and_then(|d| d.get(key).cloned()))
 }
 
-async fn apply_secret(client: &Client, ns: &str, name: &str, data: BTreeMap<String, String>) -> Result<(), Error> {
+async fn apply_secret(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    data: BTreeMap<String, String>,
+) -> Result<(), Error> {
     let secret = Secret {
         metadata: ObjectMeta {
             name: Some(name.into()),
             namespace: Some(ns.into()),
-            labels: Some(BTreeMap::from([(tether_api::labels::MANAGED_BY.into(), FIELD_MANAGER.into())])),
+            labels: Some(BTreeMap::from([(
+                tether_api::labels::MANAGED_BY.into(),
+                FIELD_MANAGER.into(),
+            )])),
             ..ObjectMeta::default()
         },
         type_: Some("Opaque".into()),
-        data: Some(data.into_iter().map(|(k, v)| (k, ByteString(v.into_bytes()))).collect()),
+        data: Some(
+            data.into_iter()
+                .map(|(k, v)| (k, ByteString(v.into_bytes())))
+                .collect(),
+        ),
         ..Secret::default()
     };
     let mut body = serde_json::to_value(&secret).map_err(|e| Error::Serialize(e.to_string()))?;
     body["apiVersion"] = "v1".into();
     body["kind"] = "Secret".into();
     Api::<Secret>::namespaced(client.clone(), ns)
-        .patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(body))
+        .patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(body),
+        )
         .await
         .map_err(api_err("store Secret", name))?;
     Ok(())
@@ -60,14 +76,20 @@ async fn apply_secret(client: &Client, ns: &str, name: &str, data: BTreeMap<Stri
 /// The agent's key pair `(identity, recipient)`, created once and kept in `KEY_SECRET`.
 pub async fn key_pair(client: &Client, ns: &str) -> Result<(String, String), Error> {
     let api = Api::<Secret>::namespaced(client.clone(), ns);
-    let existing = api.get_opt(KEY_SECRET).await.map_err(api_err("read Secret", KEY_SECRET))?;
+    let existing = api
+        .get_opt(KEY_SECRET)
+        .await
+        .map_err(api_err("read Secret", KEY_SECRET))?;
     if let Some(s) = existing
         && let (Some(identity), Some(recipient)) = (secret_text(&s, "identity"), secret_text(&s, "recipient"))
     {
         return Ok((identity, recipient));
     }
     let (identity, recipient) = tether_seal::generate_keypair();
-    let data = BTreeMap::from([("identity".into(), identity.clone()), ("recipient".into(), recipient.clone())]);
+    let data = BTreeMap::from([
+        ("identity".into(), identity.clone()),
+        ("recipient".into(), recipient.clone()),
+    ]);
     apply_secret(client, ns, KEY_SECRET, data).await?;
     Ok((identity, recipient))
 }
@@ -84,7 +106,11 @@ pub struct Stored {
 /// The stored credential, if any.
 pub async fn load_credential(client: &Client, ns: &str) -> Result<Option<Stored>, Error> {
     let api = Api::<Secret>::namespaced(client.clone(), ns);
-    let Some(s) = api.get_opt(CREDENTIAL_SECRET).await.map_err(api_err("read Secret", CREDENTIAL_SECRET))? else {
+    let Some(s) = api
+        .get_opt(CREDENTIAL_SECRET)
+        .await
+        .map_err(api_err("read Secret", CREDENTIAL_SECRET))?
+    else {
         return Ok(None);
     };
     let text = |k: &str| secret_text(&s, k).unwrap_or_default();
@@ -119,7 +145,10 @@ pub async fn store_credential(client: &Client, ns: &str, stored: &Stored) -> Res
 
 /// Deletes one of the agent's Secrets; one already gone is fine.
 pub async fn delete_secret(client: &Client, ns: &str, name: &str) -> Result<(), Error> {
-    match Api::<Secret>::namespaced(client.clone(), ns).delete(name, &DeleteParams::default()).await {
+    match Api::<Secret>::namespaced(client.clone(), ns)
+        .delete(name, &DeleteParams::default())
+        .await
+    {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(api_err("delete Secret", name)(e)),
@@ -160,12 +189,19 @@ pub async fn read_property(client: &Client, name: &str) -> Result<Option<String>
 /// Writes a ClusterProperty if the CRD exists; returns whether it does.
 pub async fn write_property(client: &Client, name: &str, value: &str) -> Result<bool, Error> {
     let mut p = ClusterProperty::new(name, ClusterPropertySpec { value: value.into() });
-    p.metadata.labels = Some(BTreeMap::from([(tether_api::labels::MANAGED_BY.into(), FIELD_MANAGER.into())]));
+    p.metadata.labels = Some(BTreeMap::from([(
+        tether_api::labels::MANAGED_BY.into(),
+        FIELD_MANAGER.into(),
+    )]));
     let mut body = serde_json::to_value(&p).map_err(|e| Error::Serialize(e.to_string()))?;
     body["apiVersion"] = "about.k8s.io/v1alpha1".into();
     body["kind"] = "ClusterProperty".into();
     match Api::<ClusterProperty>::all(client.clone())
-        .patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(body))
+        .patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(body),
+        )
         .await
     {
         Ok(_) => Ok(true),
@@ -176,7 +212,10 @@ pub async fn write_property(client: &Client, name: &str, value: &str) -> Result<
 
 /// Deletes a ClusterProperty (absent or no CRD is fine).
 pub async fn delete_property(client: &Client, name: &str) -> Result<(), Error> {
-    match Api::<ClusterProperty>::all(client.clone()).delete(name, &DeleteParams::default()).await {
+    match Api::<ClusterProperty>::all(client.clone())
+        .delete(name, &DeleteParams::default())
+        .await
+    {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(api_err("delete ClusterProperty", name)(e)),

@@ -34,7 +34,12 @@ impl View {
     }
 
     /// The status object for `generation`, keeping transition times from `previous`.
-    pub fn status(&self, previous: &[Condition], generation: Option<i64>, now: Timestamp) -> ClusterSetStatus {
+    pub fn status(
+        &self,
+        previous: &[Condition],
+        generation: Option<i64>,
+        now: Timestamp,
+    ) -> ClusterSetStatus {
         let mut conditions = vec![];
         let mut push = |type_: &str, s: &Option<State>| {
             if let Some((ok, reason, message)) = s {
@@ -92,7 +97,10 @@ mod tests {
         let s = v.status(&[], Some(1), now);
         assert_eq!(s.state.as_deref(), Some("Joining"));
         let ready = s.conditions.iter().find(|c| c.type_ == READY).unwrap();
-        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "Joining"));
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "Joining")
+        );
 
         v.registered = Some((true, "Approved", "namespace tether-prod-east".into()));
         v.reachable = Some((false, "LeaderUnreachable", "connection refused".into()));
@@ -105,6 +113,10 @@ mod tests {
         let s = v.status(&[], Some(1), now);
         assert_eq!(s.state.as_deref(), Some("Ready"));
         let later = now + k8s_openapi::jiff::SignedDuration::from_secs(30);
-        assert_eq!(v.status(&s.conditions, Some(1), later), s, "unchanged status compares equal");
+        assert_eq!(
+            v.status(&s.conditions, Some(1), later),
+            s,
+            "unchanged status compares equal"
+        );
     }
 }

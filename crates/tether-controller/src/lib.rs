@@ -63,6 +63,10 @@ pub struct LeaderArgs {
     /// Default: the CA the controller itself trusts (in a pod, the ServiceAccount's ca.crt).
     #[arg(long, env = "TETHER_LEADER_CA_FILE")]
     pub leader_ca_file: Option<std::path::PathBuf>,
+    /// This API server's URL as members reach it, published in kube-public/cluster-info when
+    /// that does not exist yet. Default: the URL the controller itself uses.
+    #[arg(long, env = "TETHER_LEADER_URL")]
+    pub leader_url: Option<String>,
 }
 
 /// Parses flags and runs; the exit code says whether it stopped cleanly.
@@ -120,6 +124,10 @@ async fn run_leader(args: LeaderArgs) -> anyhow::Result<()> {
         !leader_ca.trim().is_empty(),
         "no CA for this API server: pass --leader-ca-file with the PEM CA members must trust"
     );
+    let leader_url = args
+        .leader_url
+        .clone()
+        .unwrap_or_else(|| config.cluster_url.to_string());
     let client = kube::Client::try_from(config).context("cannot build a Kubernetes client")?;
     let shutdown = signals::shutdown_token();
     let leadership = leadership::elect(client.clone(), process, "tether-leader", shutdown.clone());
@@ -149,6 +157,7 @@ async fn run_leader(args: LeaderArgs) -> anyhow::Result<()> {
         leader: leadership.receiver(),
         ready: ready_tx,
         metrics,
+        leader_url,
     };
     tether_leader::run(client, opts, shutdown.clone()).await;
     leadership.stopped().await;
@@ -224,14 +233,18 @@ mod tests {
             "plain",
         ])
         .unwrap();
-        let Role::Leader(args) = cli.role else { panic!("leader") };
+        let Role::Leader(args) = cli.role else {
+            panic!("leader")
+        };
         assert!(!args.process.leader_elect);
         assert_eq!(args.process.admin_addr.port(), 9000);
         assert!(Cli::try_parse_from(["tether-controller", "leader", "--admin-addr", "nope"]).is_err());
         assert!(Cli::try_parse_from(["tether-controller", "leader", "--lease-duration", "1"]).is_err());
         assert!(Cli::try_parse_from(["tether-controller"]).is_err());
         let cli = Cli::try_parse_from(["tether-controller", "agent", "--leave-timeout", "90s"]).unwrap();
-        let Role::Agent(args) = cli.role else { panic!("agent") };
+        let Role::Agent(args) = cli.role else {
+            panic!("agent")
+        };
         assert_eq!(args.leave_timeout.as_secs(), 90);
         let err = Cli::try_parse_from(["tether-controller", "agent", "--leave-timeout", "soon"]).unwrap_err();
         assert!(err.to_string().contains("not a duration"), "{err}");

@@ -8,6 +8,7 @@
 
 pub mod cleanup;
 pub mod clusterset;
+pub mod discovery;
 pub mod health;
 pub mod members;
 pub mod metrics;
@@ -47,6 +48,8 @@ pub struct Options {
     pub ready: watch::Sender<bool>,
     /// Where the controllers count what they do.
     pub metrics: Metrics,
+    /// This API server's URL as members reach it, published with the CA in `kube-public/cluster-info`.
+    pub leader_url: String,
 }
 
 /// Shared state of the leader's reconcilers.
@@ -327,6 +330,28 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         .run(clusterset::reconcile, error_policy, ctx.clone())
         .for_each(|_| async {});
 
+    // The discovery ConfigMap, published once this replica leads (retried until it works).
+    let publish = {
+        let ctx = ctx.clone();
+        let url = opts.leader_url.clone();
+        let mut leader = opts.leader.clone();
+        async move {
+            loop {
+                if leader.wait_for(|l| *l).await.is_err() {
+                    return;
+                }
+                match discovery::publish(&ctx.client, &ctx.leader_ca, &url).await {
+                    Ok(()) => return,
+                    Err(err) => warn!(
+                        error = &err as &dyn std::error::Error,
+                        "Cannot publish cluster-info; retrying"
+                    ),
+                }
+                tokio::time::sleep(Duration::from_secs(10)).await;
+            }
+        }
+    };
+    let publish = tokio::spawn(publish);
     let ready = {
         let ctx = ctx.clone();
         async move {
@@ -337,5 +362,6 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         }
     };
     futures::join!(registration, members, sets_ctl, ready);
+    publish.abort();
     info!("Leader controllers stopped");
 }

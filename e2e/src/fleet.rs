@@ -1,0 +1,182 @@
+//! A leader and member clusters with both controllers running as real `tether-controller`
+//! processes, each with a token of its own ServiceAccount (exactly `config/rbac/*.yaml`). The
+//! leader controller itself publishes its CA in `kube-public/cluster-info` for anonymous readers.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Secret};
+use kube::Client;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tether_api::ClusterSet;
+use tether_testkit::{BootstrapToken, Controller, TestCluster, install_tether_crds, token_kubeconfig};
+
+use crate::sim::{HOME, SET, install_leader, leader_token};
+use crate::{apply_rbac_file, service_account_token};
+
+/// The leader side: cluster, admin client, the leader process.
+pub struct LeaderSide {
+    /// The leader cluster.
+    pub cluster: TestCluster,
+    /// Admin client.
+    pub admin: Client,
+    /// The running leader controller.
+    pub controller: Controller,
+}
+
+/// Starts a leader cluster (audit log on), installs Tether's leader side with `leader_spec`,
+/// publishes `cluster-info` and runs the leader binary as its ServiceAccount.
+pub async fn leader(name: &str, leader_spec: serde_json::Value) -> LeaderSide {
+    crate::init_logs();
+    let cluster = TestCluster::builder(name)
+        .audit_log(true)
+        .start()
+        .await
+        .expect("leader cluster");
+    let admin = install_leader(&cluster, leader_spec).await;
+    let token = leader_token(&admin).await;
+    let kubeconfig = token_kubeconfig(&cluster, "tether-leader", &token).expect("kubeconfig");
+    let controller = Controller::start(
+        &cluster,
+        "tether-leader",
+        &kubeconfig,
+        &["leader", "--leader-elect=false"],
+    )
+    .expect("leader process");
+    LeaderSide {
+        cluster,
+        admin,
+        controller,
+    }
+}
+
+/// A member cluster with its agent.
+pub struct MemberSide {
+    /// The member cluster (no controller-manager: nothing there changes on its own).
+    pub cluster: TestCluster,
+    /// Admin client.
+    pub admin: Client,
+    /// The agent process (None while stopped).
+    pub agent: Option<Controller>,
+    /// The agent's kubeconfig (its own ServiceAccount).
+    kubeconfig: std::path::PathBuf,
+}
+
+/// Starts a member cluster with Tether's CRDs and the agent RBAC, and writes the join token Secret
+/// and the Member ClusterSet (`member_spec` is merged over a spec pointing at `leader`).
+pub async fn member(
+    name: &str,
+    leader: &LeaderSide,
+    token: &BootstrapToken,
+    member_spec: serde_json::Value,
+) -> MemberSide {
+    let cluster = TestCluster::builder(name)
+        .controller_manager(false)
+        .start()
+        .await
+        .expect("member cluster");
+    let admin = cluster.client().expect("admin");
+    install_tether_crds(&admin).await.expect("crds");
+    apply_rbac_file(&admin, "agent.yaml").await.expect("agent RBAC");
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some("tether-join-token".into()),
+            namespace: Some(HOME.into()),
+            ..ObjectMeta::default()
+        },
+        string_data: Some(BTreeMap::from([("token".to_string(), token.token())])),
+        ..Secret::default()
+    };
+    Api::<Secret>::namespaced(admin.clone(), HOME)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("join token Secret");
+    let mut spec = json!({"leaderURL": leader.cluster.url(), "caCertHash": leader.cluster.ca_cert_hash(),
+                          "joinTokenSecretRef": {"name": "tether-join-token"}, "clusterName": name});
+    if let (Some(base), Some(extra)) = (spec.as_object_mut(), member_spec.as_object()) {
+        base.extend(extra.clone());
+    }
+    let set = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterSet",
+                     "metadata": {"name": SET}, "spec": {"role": "Member", "member": spec}});
+    crate::create_raw::<ClusterSet>(&admin, Some(HOME), set)
+        .await
+        .expect("Member ClusterSet");
+    let token = service_account_token(&admin, HOME, "tether-agent")
+        .await
+        .expect("agent token");
+    let kubeconfig = token_kubeconfig(&cluster, "tether-agent", &token).expect("kubeconfig");
+    let mut m = MemberSide {
+        cluster,
+        admin,
+        agent: None,
+        kubeconfig,
+    };
+    m.start_agent();
+    m
+}
+
+impl MemberSide {
+    /// Starts the agent process.
+    pub fn start_agent(&mut self) {
+        let agent = Controller::start(
+            &self.cluster,
+            "tether-agent",
+            &self.kubeconfig,
+            &[
+                "agent",
+                "--leader-elect=false",
+                "--lease-namespace=tether-system",
+                "--leave-timeout=20s",
+            ],
+        )
+        .expect("agent process");
+        self.agent = Some(agent);
+    }
+
+    /// Kills the agent process.
+    pub fn kill_agent(&mut self) {
+        if let Some(mut a) = self.agent.take() {
+            a.kill();
+        }
+    }
+
+    /// The member's Member ClusterSet.
+    pub async fn set(&self) -> Option<ClusterSet> {
+        Api::<ClusterSet>::namespaced(self.admin.clone(), HOME)
+            .get_opt(SET)
+            .await
+            .expect("get set")
+    }
+}
+
+/// Creates a Ready node with `cpu` and `memory` capacity (allocatable the same).
+pub async fn add_node(admin: &Client, name: &str, cpu: &str, memory: &str) {
+    let api = Api::<Node>::all(admin.clone());
+    let node: Node =
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}))
+            .expect("node");
+    api.create(&PostParams::default(), &node)
+        .await
+        .expect("create node");
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let resources = json!({"cpu": cpu, "memory": memory, "pods": "110"});
+    let status = json!({"status": {"capacity": resources, "allocatable": resources,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "simulated",
+                        "lastHeartbeatTime": now, "lastTransitionTime": now}]}});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .expect("node status");
+}
+
+/// Audit events of the leader cluster matching `keep`, as JSON.
+pub fn audit_events(
+    cluster: &TestCluster,
+    keep: impl Fn(&serde_json::Value) -> bool,
+) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(cluster.audit_log()).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["stage"] == "ResponseComplete")
+        .filter(|e| keep(e))
+        .collect()
+}

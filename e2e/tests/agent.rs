@@ -1,0 +1,369 @@
+//! Leader and two members, both controllers as real processes with their own RBAC: agents join
+//! by themselves after checking the pin, report what their nodes add up to (and write nothing
+//! when nothing changes), survive restarts without re-registering, re-register when their
+//! credential is revoked, and leave cleanly. A wrong pin sends nothing to the leader.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
+use kube::api::{Api, DeleteParams, ListParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tether_api::about::ClusterProperty;
+use tether_api::{ClusterRegistrationRequest, ManagedCluster};
+use tether_e2e::fleet::{self, MemberSide, add_node, audit_events};
+use tether_e2e::sim::{HOME, SET};
+use tether_testkit::{BootstrapToken, eventually};
+
+async fn managed(admin: &Client, name: &str) -> Result<ManagedCluster, String> {
+    Api::<ManagedCluster>::namespaced(admin.clone(), &format!("tether-prod-{name}"))
+        .get(name)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+async fn wait_mc(admin: &Client, name: &str, what: &str, check: impl Fn(&ManagedCluster) -> bool) {
+    eventually(&format!("{name}: {what}"), Duration::from_secs(60), || async {
+        let mc = managed(admin, name).await?;
+        if check(&mc) {
+            Ok(())
+        } else {
+            Err(format!("{:?}", mc.status))
+        }
+    })
+    .await
+}
+
+fn ready(mc: &ManagedCluster) -> Option<String> {
+    mc.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.status.clone())
+}
+
+fn nodes(mc: &ManagedCluster) -> Option<String> {
+    mc.status.as_ref()?.nodes.as_ref().map(|n| n.summary.clone())
+}
+
+async fn requests_for(admin: &Client, id: &str) -> usize {
+    Api::<ClusterRegistrationRequest>::namespaced(admin.clone(), HOME)
+        .list(&ListParams::default())
+        .await
+        .expect("requests")
+        .items
+        .iter()
+        .filter(|r| r.spec.cluster_id == id)
+        .count()
+}
+
+async fn kube_system_uid(m: &MemberSide) -> String {
+    Api::<Namespace>::all(m.admin.clone())
+        .get("kube-system")
+        .await
+        .expect("ns")
+        .uid()
+        .expect("uid")
+}
+
+#[tokio::test]
+async fn agents_join_report_restart_recover_and_leave() {
+    let leader = fleet::leader(
+        "agent-leader",
+        json!({"heartbeatInterval": "2s", "gracePeriod": "6s"}),
+    )
+    .await;
+    let token = BootstrapToken::random();
+    token
+        .create(&leader.admin, &["system:bootstrappers:tether:prod"], None)
+        .await
+        .expect("token");
+    let (mut east, mut west) = {
+        let e = fleet::member("east", &leader, &token, json!({}));
+        let w = fleet::member("west", &leader, &token, json!({"labels": {"region": "eu"}}));
+        tokio::join!(e, w)
+    };
+    tokio::join!(
+        add_node(&east.admin, "east-1", "4", "16Gi"),
+        add_node(&east.admin, "east-2", "2", "8Gi")
+    );
+    add_node(&west.admin, "west-1", "8", "32Gi").await;
+
+    // Both join by themselves and report their nodes.
+    wait_mc(&leader.admin, "east", "Ready with 2/2 nodes", |mc| {
+        ready(mc).as_deref() == Some("True") && nodes(mc).as_deref() == Some("2/2")
+    })
+    .await;
+    wait_mc(&leader.admin, "west", "Ready with 1/1 nodes", |mc| {
+        ready(mc).as_deref() == Some("True") && nodes(mc).as_deref() == Some("1/1")
+    })
+    .await;
+    let e = managed(&leader.admin, "east").await.expect("east");
+    let st = e.status.clone().expect("status");
+    assert_eq!(st.capacity["cpu"].0, "6", "{:?}", st.capacity);
+    assert_eq!(st.capacity["memory"].0, "24Gi", "{:?}", st.capacity);
+    assert_eq!(
+        st.kubernetes_version.as_deref().map(|v| v.starts_with("v1.34")),
+        Some(true)
+    );
+    assert_eq!(st.api_server_health.map(|h| h.livez && h.readyz), Some(true));
+    let east_id = kube_system_uid(&east).await;
+    assert_eq!(
+        e.spec.cluster_id, east_id,
+        "the cluster ID defaults to kube-system's UID"
+    );
+    let w = managed(&leader.admin, "west").await.expect("west");
+    assert_eq!(w.labels().get("region").map(String::as_str), Some("eu"));
+
+    // The member side says so too.
+    eventually(
+        "east's Member ClusterSet Ready",
+        Duration::from_secs(30),
+        || async {
+            let s = east.set().await.and_then(|s| s.status).ok_or("no status")?;
+            let m = s.membership.clone().unwrap_or_default();
+            let conds: Vec<(String, String)> = s
+                .conditions
+                .iter()
+                .map(|c| (c.type_.clone(), c.status.clone()))
+                .collect();
+            if s.state.as_deref() == Some("Ready")
+                && m.namespace.as_deref() == Some("tether-prod-east")
+                && m.credential_expiry.is_some()
+                && conds.contains(&("CAVerified".into(), "True".into()))
+            {
+                Ok(())
+            } else {
+                Err(format!("{:?} {conds:?} {m:?}", s.state))
+            }
+        },
+    )
+    .await;
+    let props = Api::<ClusterProperty>::all(east.admin.clone());
+    assert_eq!(
+        props
+            .get("cluster.clusterset.k8s.io")
+            .await
+            .expect("id property")
+            .spec
+            .value,
+        east_id
+    );
+    assert_eq!(
+        props
+            .get("clusterset.k8s.io")
+            .await
+            .expect("set property")
+            .spec
+            .value,
+        SET
+    );
+
+    // A new node shows up at the leader.
+    add_node(&east.admin, "east-3", "2", "8Gi").await;
+    wait_mc(&leader.admin, "east", "3/3 nodes", |mc| {
+        nodes(mc).as_deref() == Some("3/3")
+    })
+    .await;
+
+    // Nothing changes for a minute: heartbeats flow, no status write.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let east_user = "system:serviceaccount:tether-prod-east:tether-agent";
+    let writes = |sub: Option<&'static str>, resource: &'static str| {
+        move |e: &serde_json::Value| {
+            e["user"]["username"] == east_user
+                && e["objectRef"]["resource"] == resource
+                && e["objectRef"]["subresource"].as_str() == sub
+                && matches!(e["verb"].as_str(), Some("patch" | "update"))
+        }
+    };
+    let before_status = audit_events(&leader.cluster, writes(Some("status"), "managedclusters")).len();
+    let before_beats = audit_events(&leader.cluster, writes(None, "memberclusterannounces")).len();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let status_writes =
+        audit_events(&leader.cluster, writes(Some("status"), "managedclusters")).len() - before_status;
+    let beats = audit_events(&leader.cluster, writes(None, "memberclusterannounces")).len() - before_beats;
+    eprintln!("steady minute: {status_writes} status writes, {beats} heartbeats");
+    assert_eq!(
+        status_writes, 0,
+        "no ManagedCluster status write without a change"
+    );
+    assert!(beats >= 20, "heartbeats every ~2s: saw {beats}");
+
+    // Agent stopped → Unknown; restarted → Ready, same ID, no new registration.
+    east.kill_agent();
+    let stopped = Instant::now();
+    wait_mc(&leader.admin, "east", "Ready=Unknown", |mc| {
+        ready(mc).as_deref() == Some("Unknown")
+    })
+    .await;
+    eprintln!("agent loss seen after {:?} (gracePeriod 6s)", stopped.elapsed());
+    east.start_agent();
+    wait_mc(&leader.admin, "east", "Ready again", |mc| {
+        ready(mc).as_deref() == Some("True")
+    })
+    .await;
+    assert_eq!(
+        requests_for(&leader.admin, &east_id).await,
+        1,
+        "a restart does not register again"
+    );
+    assert_eq!(
+        managed(&leader.admin, "east")
+            .await
+            .expect("east")
+            .spec
+            .cluster_id,
+        east_id
+    );
+
+    // Credential revoked at the leader → the agent registers again by itself and recovers.
+    let west_id = kube_system_uid(&west).await;
+    let credential = |m: &MemberSide| {
+        let api = Api::<Secret>::namespaced(m.admin.clone(), HOME);
+        async move {
+            api.get("tether-agent-credential")
+                .await
+                .ok()
+                .and_then(|s| s.data)
+                .map(|d| d["token"].clone())
+        }
+    };
+    let old_token = credential(&west).await.expect("west's credential");
+    Api::<ServiceAccount>::namespaced(leader.admin.clone(), "tether-prod-west")
+        .delete("tether-agent", &DeleteParams::default())
+        .await
+        .expect("revoke");
+    eventually(
+        "west to re-register and hold a new credential",
+        Duration::from_secs(60),
+        || async {
+            let n = requests_for(&leader.admin, &west_id).await;
+            let fresh = credential(&west).await.is_some_and(|t| t != old_token);
+            let state = west.set().await.and_then(|s| s.status).and_then(|s| s.state);
+            if n >= 2 && fresh && state.as_deref() == Some("Ready") {
+                Ok(())
+            } else {
+                Err(format!("{n} {fresh} {state:?}"))
+            }
+        },
+    )
+    .await;
+    wait_mc(&leader.admin, "west", "Ready after re-registering", |mc| {
+        ready(mc).as_deref() == Some("True")
+    })
+    .await;
+    Api::<ServiceAccount>::namespaced(leader.admin.clone(), "tether-prod-west")
+        .get("tether-agent")
+        .await
+        .expect("the leader recreated west's ServiceAccount");
+
+    // Leave: everything at the leader and at the member goes.
+    Api::<tether_api::ClusterSet>::namespaced(west.admin.clone(), HOME)
+        .delete(SET, &DeleteParams::default())
+        .await
+        .expect("leave");
+    eventually(
+        "west's Member ClusterSet gone",
+        Duration::from_secs(30),
+        || async {
+            if west.set().await.is_none() {
+                Ok(())
+            } else {
+                Err("still there")
+            }
+        },
+    )
+    .await;
+    eventually(
+        "west's namespace gone at the leader",
+        Duration::from_secs(60),
+        || async {
+            let ns = Api::<Namespace>::all(leader.admin.clone())
+                .get_opt("tether-prod-west")
+                .await
+                .map_err(|e| e.to_string())?;
+            if ns.is_none() {
+                Ok(())
+            } else {
+                Err("still there".to_string())
+            }
+        },
+    )
+    .await;
+    let secrets = Api::<Secret>::namespaced(west.admin.clone(), HOME);
+    for s in ["tether-agent-key", "tether-agent-credential"] {
+        assert!(secrets.get_opt(s).await.expect("get").is_none(), "{s} removed");
+    }
+    let props = Api::<ClusterProperty>::all(west.admin.clone());
+    assert!(
+        props.get_opt("clusterset.k8s.io").await.expect("get").is_none(),
+        "set property removed"
+    );
+    assert!(
+        props
+            .get_opt("cluster.clusterset.k8s.io")
+            .await
+            .expect("get")
+            .is_some(),
+        "the cluster ID stays"
+    );
+
+    // The controllers' own RBAC was enough for all of this.
+    for (who, log) in [
+        ("leader", leader.controller.log()),
+        ("east", east.agent.as_ref().map(|a| a.log()).unwrap_or_default()),
+    ] {
+        assert!(!log.contains("orbidden"), "RBAC denial in the {who} log:\n{log}");
+    }
+    west.kill_agent();
+}
+
+#[tokio::test]
+async fn a_wrong_pin_sends_nothing_to_the_leader() {
+    let leader = fleet::leader("pin-leader", json!({})).await;
+    let token = BootstrapToken::random();
+    token
+        .create(&leader.admin, &["system:bootstrappers:tether:prod"], None)
+        .await
+        .expect("token");
+    let wrong = format!("sha256:{}", "ab".repeat(32));
+    let m = fleet::member("pinned", &leader, &token, json!({"caCertHash": wrong})).await;
+    eventually("the pin mismatch in status", Duration::from_secs(30), || async {
+        let s = m.set().await.and_then(|s| s.status).ok_or("no status")?;
+        let c = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "LeaderReachable")
+            .ok_or("no condition")?;
+        if c.reason == "PinMismatch"
+            && c.message.contains("Nothing was sent")
+            && c.message.contains(leader.cluster.ca_cert_hash())
+        {
+            Ok(())
+        } else {
+            Err(format!("{c:?}"))
+        }
+    })
+    .await;
+    let from_token = audit_events(&leader.cluster, |e| {
+        e["user"]["username"] == token.user().as_str()
+    });
+    assert!(
+        from_token.is_empty(),
+        "requests with the join token reached the leader: {from_token:?}"
+    );
+    let discovery = audit_events(&leader.cluster, |e| {
+        e["user"]["username"] == "system:anonymous" && e["objectRef"]["name"] == "cluster-info"
+    });
+    assert!(
+        !discovery.is_empty(),
+        "the agent did read cluster-info anonymously"
+    );
+    let requests = Api::<ClusterRegistrationRequest>::namespaced(leader.admin.clone(), HOME)
+        .list(&ListParams::default())
+        .await
+        .expect("list");
+    assert!(requests.items.is_empty(), "no registration request");
+}
