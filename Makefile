@@ -3,7 +3,7 @@ SHELL := /usr/bin/env bash
 CARGO ?= cargo
 export CARGO_TERM_PROGRESS_WHEN ?= auto
 
-.PHONY: help tools generate check-generated fmt lint build test bench-leader clean-tools
+.PHONY: help tools generate check-generated fmt lint build test bench-leader bench-agent clean-tools
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -39,6 +39,10 @@ test: tools check-generated lint ## Everything CI checks: tools, generated files
 
 bench-leader: tools ## Benchmark: request→Approved p50/p99 and leader writes per registration (N=200)
 	$(CARGO) run --locked --release -q -p tether-e2e --example approval_bench -- 200 10
+
+bench-agent: tools ## Benchmark: agent RSS/CPU at idle with 100 nodes, writes per minute
+	$(CARGO) build --locked --release -p tether-controller
+	TETHER_BIN_DIR=$(CURDIR)/target/release $(CARGO) run --locked --release -q -p tether-e2e --example agent_bench
 
 clean-tools: ## Remove .tools (the version-keyed cache in ~/.cache/tether stays)
 	rm -rf .tools

@@ -72,6 +72,7 @@ pub async fn member(
 ) -> MemberSide {
     let cluster = TestCluster::builder(name)
         .controller_manager(false)
+        .audit_log(true)
         .start()
         .await
         .expect("member cluster");

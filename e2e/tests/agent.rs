@@ -367,3 +367,44 @@ async fn a_wrong_pin_sends_nothing_to_the_leader() {
         .expect("list");
     assert!(requests.items.is_empty(), "no registration request");
 }
+
+#[tokio::test]
+async fn an_expired_join_token_is_reported_with_what_to_do() {
+    let leader = fleet::leader("expired-leader", json!({})).await;
+    let token = BootstrapToken::random();
+    token
+        .create(
+            &leader.admin,
+            &["system:bootstrappers:tether:prod"],
+            Some("2020-01-01T00:00:00Z"),
+        )
+        .await
+        .expect("token");
+    let m = fleet::member("late", &leader, &token, json!({})).await;
+    eventually(
+        "Registered=False with what to do",
+        Duration::from_secs(60),
+        || async {
+            let s = m.set().await.and_then(|s| s.status).ok_or("no status")?;
+            let c = s
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Registered")
+                .ok_or("no condition")?;
+            if c.status == "False"
+                && c.reason == "JoinTokenExpired"
+                && c.message.contains("tether token create")
+            {
+                Ok(())
+            } else {
+                Err(format!("{c:?}"))
+            }
+        },
+    )
+    .await;
+    let requests = Api::<ClusterRegistrationRequest>::namespaced(leader.admin.clone(), HOME)
+        .list(&ListParams::default())
+        .await
+        .expect("list");
+    assert!(requests.items.is_empty(), "an expired token registers nothing");
+}

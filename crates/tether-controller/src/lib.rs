@@ -129,40 +129,26 @@ async fn run_leader(args: LeaderArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| config.cluster_url.to_string());
     let client = kube::Client::try_from(config).context("cannot build a Kubernetes client")?;
-    let shutdown = signals::shutdown_token();
-    let leadership = leadership::elect(client.clone(), process, "tether-leader", shutdown.clone());
-
     let metrics = tether_leader::Metrics::default();
-    let mut leader_rx = leadership.receiver();
-    let gauge = metrics.clone();
-    tokio::spawn(async move {
-        loop {
-            gauge.set_leader(*leader_rx.borrow_and_update());
-            if leader_rx.changed().await.is_err() {
-                break;
-            }
-        }
-    });
-    let (ready_tx, ready_rx) = watch::channel(false);
-    let encoder = metrics.clone();
-    let health = admin::Health {
-        metrics: Arc::new(move || encoder.encode()),
-        ready: ready_rx,
-    };
-    let (_, admin_task) = admin::start(process.admin_addr, health, shutdown.clone()).await?;
-
+    let (m1, m2) = (metrics.clone(), metrics.clone());
+    let p = Plumbing::start(
+        client.clone(),
+        process,
+        "tether-leader",
+        move || m1.encode(),
+        move |l| m2.set_leader(l),
+    )
+    .await?;
     let opts = tether_leader::Options {
         leader_ca,
         instance: Some(leadership::identity(process)),
-        leader: leadership.receiver(),
-        ready: ready_tx,
+        leader: p.leadership.receiver(),
+        ready: p.ready.clone(),
         metrics,
         leader_url,
     };
-    tether_leader::run(client, opts, shutdown.clone()).await;
-    leadership.stopped().await;
-    let _ = admin_task.await;
-    info!("Stopped");
+    tether_leader::run(client, opts, p.shutdown.clone()).await;
+    p.stopped().await;
     Ok(())
 }
 
@@ -174,41 +160,78 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         .context("cannot find Kubernetes credentials: run in a pod or set KUBECONFIG")?;
     let api_server_url = config.cluster_url.to_string();
     let client = kube::Client::try_from(config).context("cannot build a Kubernetes client")?;
-    let shutdown = signals::shutdown_token();
-    let leadership = leadership::elect(client.clone(), process, "tether-agent", shutdown.clone());
     let metrics = tether_agent::Metrics::default();
-    let mut leader_rx = leadership.receiver();
-    let gauge = metrics.clone();
-    tokio::spawn(async move {
-        loop {
-            gauge.set_leader(*leader_rx.borrow_and_update());
-            if leader_rx.changed().await.is_err() {
-                break;
-            }
-        }
-    });
-    let (ready_tx, ready_rx) = watch::channel(false);
-    let encoder = metrics.clone();
-    let health = admin::Health {
-        metrics: Arc::new(move || encoder.encode()),
-        ready: ready_rx,
-    };
-    let (_, admin_task) = admin::start(process.admin_addr, health, shutdown.clone()).await?;
+    let (m1, m2) = (metrics.clone(), metrics.clone());
+    let p = Plumbing::start(
+        client.clone(),
+        process,
+        "tether-agent",
+        move || m1.encode(),
+        move |l| m2.set_leader(l),
+    )
+    .await?;
     let opts = tether_agent::Options {
         namespace: process.lease_namespace.clone(),
         instance: Some(leadership::identity(process)),
-        leader: leadership.receiver(),
-        ready: ready_tx,
+        leader: p.leadership.receiver(),
+        ready: p.ready.clone(),
         metrics,
         api_server_url,
         registration_timeout: args.registration_timeout,
         leave_timeout: args.leave_timeout,
     };
-    tether_agent::run(client, opts, shutdown.clone()).await;
-    leadership.stopped().await;
-    let _ = admin_task.await;
-    info!("Stopped");
+    tether_agent::run(client, opts, p.shutdown.clone()).await;
+    p.stopped().await;
     Ok(())
+}
+
+/// What runs around either controller: SIGTERM handling, the Lease, the admin port.
+struct Plumbing {
+    shutdown: tokio_util::sync::CancellationToken,
+    leadership: leadership::Leadership,
+    ready: watch::Sender<bool>,
+    admin: tokio::task::JoinHandle<()>,
+}
+
+impl Plumbing {
+    async fn start(
+        client: kube::Client,
+        process: &ProcessArgs,
+        lease: &str,
+        encode: impl Fn() -> String + Send + Sync + 'static,
+        set_leader: impl Fn(bool) + Send + 'static,
+    ) -> anyhow::Result<Self> {
+        let shutdown = signals::shutdown_token();
+        let leadership = leadership::elect(client, process, lease, shutdown.clone());
+        let mut leader_rx = leadership.receiver();
+        tokio::spawn(async move {
+            loop {
+                set_leader(*leader_rx.borrow_and_update());
+                if leader_rx.changed().await.is_err() {
+                    break;
+                }
+            }
+        });
+        let (ready, ready_rx) = watch::channel(false);
+        let health = admin::Health {
+            metrics: Arc::new(encode),
+            ready: ready_rx,
+        };
+        let (_, admin) = admin::start(process.admin_addr, health, shutdown.clone()).await?;
+        Ok(Self {
+            shutdown,
+            leadership,
+            ready,
+            admin,
+        })
+    }
+
+    /// Waits for the Lease to be released and the admin port to close.
+    async fn stopped(self) {
+        self.leadership.stopped().await;
+        let _ = self.admin.await;
+        info!("Stopped");
+    }
 }
 
 #[cfg(test)]

@@ -85,6 +85,11 @@ impl Controller {
         self.proc.stop();
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
     /// The exit status, if it exited.
     pub fn exited(&mut self) -> Option<String> {
         self.proc.exited()
