@@ -1,0 +1,75 @@
+//! Which cluster a command talks to (standard kubeconfig flags) and what the CLI reads from it:
+//! the API server URL and the CA pin that `tether init` prints, and the controllers it can see.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+
+/// The kubeconfig, context and namespace of a command.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// `--kubeconfig`.
+    pub kubeconfig: Option<PathBuf>,
+    /// `--context`.
+    pub context: Option<String>,
+    /// `-n`.
+    pub namespace: String,
+}
+
+impl Target {
+    /// The client configuration from the kubeconfig.
+    pub async fn config(&self) -> anyhow::Result<Config> {
+        let kubeconfig = match &self.kubeconfig {
+            Some(path) => Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?,
+            None => Kubeconfig::read()
+                .context("cannot read the kubeconfig: pass --kubeconfig or set KUBECONFIG")?,
+        };
+        let opts = KubeConfigOptions {
+            context: self.context.clone(),
+            ..KubeConfigOptions::default()
+        };
+        Config::from_custom_kubeconfig(kubeconfig, &opts)
+            .await
+            .context("cannot use the kubeconfig (check --context)")
+    }
+
+    /// A client of the cluster.
+    pub async fn client(&self) -> anyhow::Result<Client> {
+        Client::try_from(self.config().await?).context("cannot build a Kubernetes client")
+    }
+}
+
+/// The PEM of the CA the kubeconfig trusts for this cluster.
+pub fn ca_pem(config: &Config) -> Option<String> {
+    let pem: String = config
+        .root_cert
+        .iter()
+        .flatten()
+        .map(|der| pem::encode(&pem::Pem::new("CERTIFICATE", der.clone())))
+        .collect();
+    (!pem.is_empty()).then_some(pem)
+}
+
+/// The Tether controllers visible here: the holders of their Leases.
+pub async fn controllers(client: &Client, namespace: &str) -> Vec<(&'static str, String)> {
+    let leases = Api::<Lease>::namespaced(client.clone(), namespace);
+    let mut out = vec![];
+    for (role, name) in [("leader controller", "tether-leader"), ("agent", "tether-agent")] {
+        let holder = match leases.get_opt(name).await {
+            Ok(Some(l)) => l
+                .spec
+                .and_then(|s| s.holder_identity)
+                .filter(|h| !h.is_empty())
+                .map(|h| format!("running (Lease {namespace}/{name} held by {h})"))
+                .unwrap_or_else(|| format!("no active replica (Lease {namespace}/{name} free)")),
+            Ok(None) => format!("not seen (no Lease {namespace}/{name})"),
+            Err(err) => format!("unknown ({err})"),
+        };
+        out.push((role, holder));
+    }
+    out
+}

@@ -1,0 +1,190 @@
+//! The `tether` command line: one binary for the leader side (`init`, `token`, `approve`, `deny`,
+//! `status`, `destroy`) and the member side (`join`, `leave`). Installed as `kubectl-tether` it is
+//! a kubectl plugin. Every command is idempotent and fails with a message that says what to do.
+
+pub mod cluster;
+pub mod join;
+pub mod leader;
+pub mod output;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{CommandFactory, Parser, Subcommand};
+
+/// The CLI's version.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Joins Kubernetes clusters into a ClusterSet.
+#[derive(Parser, Debug)]
+#[command(name = "tether", version = VERSION, about, long_about = None, after_help = "\
+Leader cluster:
+  helm install tether-leader charts/tether-leader -n tether-system --create-namespace
+  tether init --clusterset prod            # prints the join command
+Each member cluster:
+  tether join --leader https://leader:6443 --token abcdef.0123456789abcdef --ca-cert-hash sha256:...
+Then:
+  tether status                            # on the leader: the set and its members
+  tether leave                             # on a member
+  tether destroy --clusterset prod         # on the leader")]
+pub struct Cli {
+    /// Kubeconfig to use (default: $KUBECONFIG or ~/.kube/config).
+    #[arg(long, global = true, env = "KUBECONFIG")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// Kubeconfig context to use (default: the current context).
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+    /// Namespace of the ClusterSet (leader: the set's home; member: the agent's namespace).
+    #[arg(short = 'n', long, global = true, default_value = "tether-system")]
+    pub namespace: String,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Leader: create a ClusterSet and a join token, and print the join command.
+    Init(leader::InitArgs),
+    /// Leader: create, list or delete join tokens.
+    #[command(subcommand)]
+    Token(leader::TokenCommand),
+    /// Leader: approve a pending registration request (manual approval).
+    Approve(leader::DecideArgs),
+    /// Leader: deny a pending registration request.
+    Deny(leader::DecideArgs),
+    /// The ClusterSet and its members (leader), or this cluster's membership (member).
+    Status(leader::StatusArgs),
+    /// Leader: remove a ClusterSet, its tokens and (with --force) its members.
+    Destroy(leader::DestroyArgs),
+    /// Member: join a leader's ClusterSet (the agent must be installed here).
+    Join(join::JoinArgs),
+    /// Member: leave the ClusterSet (the agent deregisters at the leader).
+    Leave(join::LeaveArgs),
+    /// Print the CLI's version and the Tether controllers it can see.
+    Version,
+    /// Print shell completions (bash, zsh, fish, powershell, elvish).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// Whether to colour output: only on a terminal, and never with NO_COLOR.
+pub fn colour() -> bool {
+    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+}
+
+/// Parses the command line, runs it and turns errors into a message and an exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Command::Completions { shell } = cli.command {
+        let mut cmd = Cli::command();
+        let name = if invoked_as_plugin() {
+            "kubectl-tether"
+        } else {
+            "tether"
+        };
+        clap_complete::generate(shell, &mut cmd, name, &mut std::io::stdout());
+        return ExitCode::SUCCESS;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("error: cannot start: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn invoked_as_plugin() -> bool {
+    std::env::args()
+        .next()
+        .is_some_and(|a| a.rsplit('/').next().is_some_and(|n| n.starts_with("kubectl-")))
+}
+
+/// Runs one command.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let target = cluster::Target {
+        kubeconfig: cli.kubeconfig.clone(),
+        context: cli.context.clone(),
+        namespace: cli.namespace.clone(),
+    };
+    match cli.command {
+        Command::Init(args) => leader::init(&target, args).await,
+        Command::Token(cmd) => leader::token(&target, cmd).await,
+        Command::Approve(args) => leader::decide(&target, args, true).await,
+        Command::Deny(args) => leader::decide(&target, args, false).await,
+        Command::Status(args) => leader::status(&target, args).await,
+        Command::Destroy(args) => leader::destroy(&target, args).await,
+        Command::Join(args) => join::join(&target, args).await,
+        Command::Leave(args) => join::leave(&target, args).await,
+        Command::Version => version(&target).await,
+        Command::Completions { .. } => Ok(()),
+    }
+}
+
+async fn version(target: &cluster::Target) -> anyhow::Result<()> {
+    println!("tether CLI {VERSION}");
+    match target.client().await {
+        Ok(client) => {
+            for (role, holder) in cluster::controllers(&client, &target.namespace).await {
+                println!("{role}: {holder}");
+            }
+        }
+        Err(err) => println!("(no cluster: {err:#})"),
+    }
+    Ok(())
+}
+
+/// Parses a Go-style duration flag (`90s`, `5m`, `24h`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    tether_api::duration::parse(s).ok_or_else(|| format!("{s:?} is not a duration like 90s, 5m or 24h"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn commands_parse_and_bad_flags_are_refused() {
+        let cli =
+            Cli::try_parse_from(["tether", "init", "--clusterset", "prod", "--approval", "manual"]).unwrap();
+        assert!(matches!(cli.command, Command::Init(ref a) if a.clusterset == "prod"));
+        let cli = Cli::try_parse_from([
+            "tether",
+            "join",
+            "--leader",
+            "https://l:6443",
+            "--token",
+            "abcdef.0123456789abcdef",
+            "--ca-cert-hash",
+            "sha256:00",
+            "-n",
+            "agents",
+        ])
+        .unwrap();
+        assert_eq!(cli.namespace, "agents");
+        assert!(
+            Cli::try_parse_from(["tether", "init"]).is_err(),
+            "--clusterset is required"
+        );
+        assert!(Cli::try_parse_from(["tether", "init", "--clusterset", "p", "--token-ttl", "soon"]).is_err());
+        assert!(Cli::try_parse_from(["tether", "status", "-o", "xml"]).is_err());
+        assert!(Cli::try_parse_from(["tether", "completions", "bash"]).is_ok());
+    }
+}
