@@ -27,13 +27,26 @@ pub struct LeaderSide {
 /// Starts a leader cluster (audit log on), installs Tether's leader side with `leader_spec`,
 /// publishes `cluster-info` and runs the leader binary as its ServiceAccount.
 pub async fn leader(name: &str, leader_spec: serde_json::Value) -> LeaderSide {
+    leader_with(name, Some(leader_spec)).await
+}
+
+/// As `leader`, but with no ClusterSet or join RBAC when `leader_spec` is None (`tether init` makes them).
+pub async fn leader_with(name: &str, leader_spec: Option<serde_json::Value>) -> LeaderSide {
     crate::init_logs();
     let cluster = TestCluster::builder(name)
         .audit_log(true)
         .start()
         .await
         .expect("leader cluster");
-    let admin = install_leader(&cluster, leader_spec).await;
+    let admin = match leader_spec {
+        Some(spec) => install_leader(&cluster, spec).await,
+        None => {
+            let admin = cluster.client().expect("admin");
+            install_tether_crds(&admin).await.expect("crds");
+            apply_rbac_file(&admin, "leader.yaml").await.expect("leader RBAC");
+            admin
+        }
+    };
     let token = leader_token(&admin).await;
     let kubeconfig = token_kubeconfig(&cluster, "tether-leader", &token).expect("kubeconfig");
     let controller = Controller::start(
@@ -70,15 +83,8 @@ pub async fn member(
     token: &BootstrapToken,
     member_spec: serde_json::Value,
 ) -> MemberSide {
-    let cluster = TestCluster::builder(name)
-        .controller_manager(false)
-        .audit_log(true)
-        .start()
-        .await
-        .expect("member cluster");
-    let admin = cluster.client().expect("admin");
-    install_tether_crds(&admin).await.expect("crds");
-    apply_rbac_file(&admin, "agent.yaml").await.expect("agent RBAC");
+    let mut m = bare_member(name).await;
+    let admin = m.admin.clone();
     let secret = Secret {
         metadata: ObjectMeta {
             name: Some("tether-join-token".into()),
@@ -102,18 +108,31 @@ pub async fn member(
     crate::create_raw::<ClusterSet>(&admin, Some(HOME), set)
         .await
         .expect("Member ClusterSet");
+    m.start_agent();
+    m
+}
+
+/// A member cluster with the CRDs and the agent's RBAC but no ClusterSet and no agent running yet.
+pub async fn bare_member(name: &str) -> MemberSide {
+    let cluster = TestCluster::builder(name)
+        .controller_manager(false)
+        .audit_log(true)
+        .start()
+        .await
+        .expect("member cluster");
+    let admin = cluster.client().expect("admin");
+    install_tether_crds(&admin).await.expect("crds");
+    apply_rbac_file(&admin, "agent.yaml").await.expect("agent RBAC");
     let token = service_account_token(&admin, HOME, "tether-agent")
         .await
         .expect("agent token");
     let kubeconfig = token_kubeconfig(&cluster, "tether-agent", &token).expect("kubeconfig");
-    let mut m = MemberSide {
+    MemberSide {
         cluster,
         admin,
         agent: None,
         kubeconfig,
-    };
-    m.start_agent();
-    m
+    }
 }
 
 impl MemberSide {

@@ -1,0 +1,302 @@
+//! The `tether` binary against a real leader and two real members with both controllers
+//! running: init → join ×2 → status → leave → destroy, each command twice where it matters,
+//! failures that leave nothing behind, and `kubectl tether` as a plugin.
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{Api, ListParams};
+use tether_api::{ClusterSet, ManagedCluster};
+use tether_e2e::fleet::{self, MemberSide};
+use tether_e2e::sim::{HOME, SET};
+use tether_testkit::controller::binary;
+use tether_testkit::{Tools, eventually};
+
+async fn tether(kubeconfig: &Path, args: &[&str]) -> Output {
+    let mut cmd = tokio::process::Command::new(binary("tether").expect("tether binary"));
+    cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(args)
+        .env("NO_COLOR", "1");
+    cmd.output().await.expect("run tether")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[track_caller]
+fn ok(o: &Output) -> String {
+    assert!(o.status.success(), "tether failed: {}", text(o));
+    text(o)
+}
+
+#[track_caller]
+fn fails(o: &Output, says: &str) -> String {
+    let t = text(o);
+    assert!(!o.status.success(), "tether should have failed: {t}");
+    assert!(t.contains(says), "the error should say {says:?}: {t}");
+    t
+}
+
+/// `--flag value` from a printed `tether join …` line.
+fn flag(line: &str, name: &str) -> String {
+    let mut words = line.split_whitespace();
+    words.find(|w| *w == name);
+    words.next().unwrap_or_default().to_string()
+}
+
+async fn no_member_set(m: &MemberSide) {
+    let sets = Api::<ClusterSet>::namespaced(m.admin.clone(), HOME)
+        .list(&ListParams::default())
+        .await
+        .expect("list");
+    assert!(
+        sets.items.is_empty(),
+        "nothing left behind: {:?}",
+        tether_e2e::sim::names(&sets.items)
+    );
+    let s = Api::<Secret>::namespaced(m.admin.clone(), HOME)
+        .get_opt("tether-join-token")
+        .await
+        .expect("get");
+    assert!(s.is_none(), "no token Secret left behind");
+}
+
+#[tokio::test]
+async fn init_join_status_leave_destroy_with_failures_that_leave_nothing_behind() {
+    let leader = fleet::leader_with("cli-leader", None).await;
+    let (mut east, mut west) = tokio::join!(fleet::bare_member("east"), fleet::bare_member("west"));
+    let lk = leader.cluster.kubeconfig().to_path_buf();
+
+    // init prints a join command; running it again is fine.
+    let out = ok(&tether(&lk, &["init", "--clusterset", SET]).await);
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("tether join"))
+        .expect("join line")
+        .to_string();
+    assert!(out.contains("helm install tether-agent"), "{out}");
+    let (url, token, hash) = (
+        flag(&line, "--leader"),
+        flag(&line, "--token"),
+        flag(&line, "--ca-cert-hash"),
+    );
+    assert_eq!(hash, leader.cluster.ca_cert_hash(), "the pin is the leader CA's");
+    ok(&tether(&lk, &["init", "--clusterset", SET]).await);
+    let listed = ok(&tether(&lk, &["token", "list", "--clusterset", SET]).await);
+    assert!(
+        listed.contains(&token[..6]) && !listed.contains(&token[7..]),
+        "IDs only: {listed}"
+    );
+
+    let ek = east.cluster.kubeconfig().to_path_buf();
+    let wk = west.cluster.kubeconfig().to_path_buf();
+    // Failures first, each leaving nothing behind.
+    let wrong = format!("sha256:{}", "0".repeat(64));
+    let t = fails(
+        &tether(
+            &wk,
+            &[
+                "join",
+                "--leader",
+                &url,
+                "--token",
+                &token,
+                "--ca-cert-hash",
+                &wrong,
+                "--name",
+                "west",
+            ],
+        )
+        .await,
+        "does not match",
+    );
+    assert!(t.contains(&hash), "shows the hash it saw: {t}");
+    fails(
+        &tether(
+            &wk,
+            &[
+                "join",
+                "--leader",
+                &url,
+                "--token",
+                "abcdef.0000000000000000",
+                "--ca-cert-hash",
+                &hash,
+                "--name",
+                "west",
+            ],
+        )
+        .await,
+        "rejected the token",
+    );
+    fails(
+        &tether(
+            &wk,
+            &[
+                "join",
+                "--leader",
+                "https://127.0.0.1:1",
+                "--token",
+                &token,
+                "--ca-cert-hash",
+                &hash,
+                "--name",
+                "west",
+            ],
+        )
+        .await,
+        "cannot read",
+    );
+    fails(
+        &tether(
+            &wk,
+            &[
+                "join",
+                "--leader",
+                &url,
+                "--token",
+                &token,
+                "--ca-cert-hash",
+                &hash,
+                "--name",
+                "west",
+            ],
+        )
+        .await,
+        "no agent",
+    );
+    no_member_set(&west).await;
+
+    // Joins with the agents running; a second join is a no-op.
+    east.start_agent();
+    west.start_agent();
+    let join = |k: &Path, name: &'static str| {
+        let (k, url, token, hash) = (k.to_path_buf(), url.clone(), token.clone(), hash.clone());
+        async move {
+            tether(
+                &k,
+                &[
+                    "join",
+                    "--leader",
+                    &url,
+                    "--token",
+                    &token,
+                    "--ca-cert-hash",
+                    &hash,
+                    "--name",
+                    name,
+                ],
+            )
+            .await
+        }
+    };
+    let (e, w) = tokio::join!(join(&ek, "east"), join(&wk, "west"));
+    assert!(ok(&e).contains("Joined ClusterSet prod as east"));
+    ok(&w);
+    assert!(ok(&join(&ek, "east").await).contains("Already joined"));
+
+    // The set's counts follow within a second or two (debounced).
+    let status = eventually("status with 2 members", Duration::from_secs(15), || async {
+        let out = text(&tether(&lk, &["status"]).await);
+        if out.contains("2 members, 2 ready") {
+            Ok(out)
+        } else {
+            Err(out)
+        }
+    })
+    .await;
+    for name in ["east", "west"] {
+        let row = status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} in {status}"));
+        assert!(row.contains("True"), "{row}");
+    }
+    let json_out = ok(&tether(&lk, &["status", "-o", "json"]).await);
+    let rows: serde_json::Value = serde_json::from_str(&json_out).expect("json");
+    assert_eq!(rows.as_array().map(Vec::len), Some(2));
+    let member_view = ok(&tether(&ek, &["status"]).await);
+    assert!(
+        member_view.contains("Ready") && member_view.contains("tether-prod-east"),
+        "{member_view}"
+    );
+
+    // destroy refuses while members remain.
+    fails(
+        &tether(&lk, &["destroy", "--clusterset", SET]).await,
+        "still has 2 member(s)",
+    );
+    // leave, twice.
+    ok(&tether(&ek, &["leave"]).await);
+    assert!(ok(&tether(&ek, &["leave"]).await).contains("nothing to do"));
+    no_member_set(&east).await;
+    let mcs = Api::<ManagedCluster>::namespaced(leader.admin.clone(), "tether-prod-east");
+    eventually("east gone at the leader", Duration::from_secs(60), || async {
+        match mcs.get_opt("east").await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(_) => Err("still there".to_string()),
+        }
+    })
+    .await;
+
+    // destroy --force removes the rest; a second destroy is fine.
+    ok(&tether(&lk, &["destroy", "--clusterset", SET, "--force"]).await);
+    ok(&tether(&lk, &["destroy", "--clusterset", SET, "--force"]).await);
+    assert!(
+        Api::<ClusterSet>::namespaced(leader.admin.clone(), HOME)
+            .get_opt(SET)
+            .await
+            .expect("get")
+            .is_none()
+    );
+    eventually("west's namespace gone", Duration::from_secs(60), || async {
+        match Api::<Namespace>::all(leader.admin.clone())
+            .get_opt("tether-prod-west")
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            None => Ok(()),
+            Some(_) => Err("still there".to_string()),
+        }
+    })
+    .await;
+    let tokens = Api::<Secret>::namespaced(leader.admin.clone(), "kube-system")
+        .list(&ListParams::default().labels(&format!("{}={SET}", tether_api::labels::CLUSTER_SET)))
+        .await
+        .expect("list");
+    assert!(tokens.items.is_empty(), "join tokens removed");
+    west.kill_agent();
+    east.kill_agent();
+}
+
+#[tokio::test]
+async fn kubectl_runs_it_as_a_plugin() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let plugin = dir.path().join("kubectl-tether");
+    std::os::unix::fs::symlink(binary("tether").expect("tether"), &plugin).expect("symlink");
+    let kubectl = Tools::locate().expect("tools").path("kubectl");
+    let path = format!(
+        "{}:{}",
+        dir.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = tokio::process::Command::new(kubectl)
+        .args(["tether", "version"])
+        .env("PATH", path)
+        .env("KUBECONFIG", dir.path().join("none"))
+        .output()
+        .await
+        .expect("kubectl");
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("tether CLI"), "{t}");
+    let completions = tether(Path::new("/nonexistent"), &["completions", "bash"]).await;
+    assert!(ok(&completions).contains("complete"), "bash completions");
+}
