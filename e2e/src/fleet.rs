@@ -32,12 +32,17 @@ pub async fn leader(name: &str, leader_spec: serde_json::Value) -> LeaderSide {
 
 /// As `leader`, but with no ClusterSet or join RBAC when `leader_spec` is None (`tether init` makes them).
 pub async fn leader_with(name: &str, leader_spec: Option<serde_json::Value>) -> LeaderSide {
-    crate::init_logs();
     let cluster = TestCluster::builder(name)
         .audit_log(true)
         .start()
         .await
         .expect("leader cluster");
+    leader_on(cluster, leader_spec).await
+}
+
+/// As `leader_with`, on a cluster the caller started.
+pub async fn leader_on(cluster: TestCluster, leader_spec: Option<serde_json::Value>) -> LeaderSide {
+    crate::init_logs();
     let admin = match leader_spec {
         Some(spec) => install_leader(&cluster, spec).await,
         None => {

@@ -300,3 +300,83 @@ async fn kubectl_runs_it_as_a_plugin() {
     let completions = tether(Path::new("/nonexistent"), &["completions", "bash"]).await;
     assert!(ok(&completions).contains("complete"), "bash completions");
 }
+
+#[tokio::test]
+async fn without_bootstrap_tokens_init_falls_back_to_a_service_account_token_and_manual_approval_works() {
+    let cluster = tether_testkit::TestCluster::builder("cli-nobootstrap")
+        .bootstrap_tokens(false)
+        .audit_log(true)
+        .start()
+        .await
+        .expect("leader");
+    let leader = fleet::leader_on(cluster, None).await;
+    let mut east = fleet::bare_member("east-sa").await;
+    east.start_agent();
+    let lk = leader.cluster.kubeconfig().to_path_buf();
+    let out = ok(&tether(&lk, &["init", "--clusterset", SET, "--approval", "manual"]).await);
+    assert!(
+        out.contains("ServiceAccount token"),
+        "the fallback says so: {out}"
+    );
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("tether join"))
+        .expect("join line")
+        .to_string();
+    let (url, token, hash) = (
+        flag(&line, "--leader"),
+        flag(&line, "--token"),
+        flag(&line, "--ca-cert-hash"),
+    );
+
+    // The join waits for an admin; approve it from the leader side.
+    let ek = east.cluster.kubeconfig().to_path_buf();
+    let join = tokio::spawn(async move {
+        tether(
+            &ek,
+            &[
+                "join",
+                "--leader",
+                &url,
+                "--token",
+                &token,
+                "--ca-cert-hash",
+                &hash,
+                "--name",
+                "east",
+            ],
+        )
+        .await
+    });
+    let requests = Api::<tether_api::ClusterRegistrationRequest>::namespaced(leader.admin.clone(), HOME);
+    let name = eventually("a request awaiting approval", Duration::from_secs(60), || async {
+        let list = requests
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .iter()
+            .find(|r| {
+                r.status
+                    .as_ref()
+                    .is_some_and(|s| format!("{:?}", s.reason) == "AwaitingApproval")
+            })
+            .map(|r| r.metadata.name.clone().unwrap_or_default())
+            .ok_or_else(|| format!("{} requests", list.items.len()))
+    })
+    .await;
+    assert!(ok(&tether(&lk, &["approve", &name]).await).contains("approved"));
+    ok(&tether(&lk, &["approve", &name]).await);
+    let joined = join.await.expect("join task");
+    assert!(
+        ok(&joined).contains("Joined ClusterSet prod as east"),
+        "{}",
+        text(&joined)
+    );
+    let again = ok(&tether(&lk, &["approve", &name]).await);
+    assert!(
+        again.contains("nothing to do"),
+        "approving a decided request is a no-op: {again}"
+    );
+    east.kill_agent();
+}

@@ -101,9 +101,11 @@ pub struct DecideArgs {
 
 /// `tether status`.
 #[derive(clap::Args, Debug)]
-#[command(after_help = "Examples:\n  tether status                   # on the leader: counts and one row per member\n  \
+#[command(
+    after_help = "Examples:\n  tether status                   # on the leader: counts and one row per member\n  \
                         tether status -o json           # the same rows for scripts\n  \
-                        tether status --context east    # on a member: its membership and conditions")]
+                        tether status --context east    # on a member: its membership and conditions"
+)]
 pub struct StatusArgs {
     /// The ClusterSet (default: the only one in the namespace).
     #[arg(long)]
@@ -115,8 +117,10 @@ pub struct StatusArgs {
 
 /// `tether destroy`.
 #[derive(clap::Args, Debug)]
-#[command(after_help = "Examples:\n  tether destroy --clusterset prod            # refuses while members remain\n  \
-                        tether destroy --clusterset prod --force    # removes every member too")]
+#[command(
+    after_help = "Examples:\n  tether destroy --clusterset prod            # refuses while members remain\n  \
+                        tether destroy --clusterset prod --force    # removes every member too"
+)]
 pub struct DestroyArgs {
     /// The ClusterSet to remove.
     #[arg(long)]

@@ -30,6 +30,7 @@ pub struct ClusterBuilder {
     controller_manager: bool,
     wait_for_controllers: bool,
     audit_log: bool,
+    bootstrap_tokens: bool,
 }
 
 impl ClusterBuilder {
@@ -42,6 +43,12 @@ impl ClusterBuilder {
     /// Whether `start` waits until the controllers have published `kube-root-ca.crt` (default: yes).
     pub fn wait_for_controllers(mut self, on: bool) -> Self {
         self.wait_for_controllers = on;
+        self
+    }
+
+    /// Whether the API server accepts bootstrap tokens (default: yes), as kubeadm clusters do.
+    pub fn bootstrap_tokens(mut self, on: bool) -> Self {
+        self.bootstrap_tokens = on;
         self
     }
 
@@ -98,6 +105,7 @@ impl TestCluster {
             controller_manager: true,
             wait_for_controllers: true,
             audit_log: false,
+            bootstrap_tokens: true,
         }
     }
 
@@ -161,7 +169,7 @@ impl TestCluster {
             .arg(format!("--client-ca-file={}", d.join("ca.crt").display()))
             .args([
                 "--authorization-mode=Node,RBAC",
-                "--enable-bootstrap-token-auth=true",
+                &format!("--enable-bootstrap-token-auth={}", opts.bootstrap_tokens),
             ])
             .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
             .arg(format!(
