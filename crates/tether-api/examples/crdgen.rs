@@ -1,12 +1,17 @@
-//! Writes every CRD to `config/crd/` (`make generate`); `--check` fails if a committed file differs.
+//! Writes every generated file (`make generate`): the CRDs in `config/crd/`, their copies in each
+//! chart's `crds/`, and each chart's copy of its controller's RBAC from `config/rbac/`. With
+//! `--check` it writes nothing and fails if a committed file differs (`make check-generated`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+/// The charts and the RBAC file each one installs.
+const CHARTS: [(&str, &str); 2] = [("tether-leader", "leader.yaml"), ("tether-agent", "agent.yaml")];
 
 fn main() -> ExitCode {
     let check = std::env::args().any(|a| a == "--check");
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../config/crd");
-    let mut stale = Vec::new();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut files: Vec<(PathBuf, String)> = Vec::new();
     for (file, crd) in tether_api::crds::all() {
         let yaml = match tether_api::crds::to_yaml(&crd) {
             Ok(yaml) => yaml,
@@ -15,12 +20,38 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let path = dir.join(file);
-        if check {
-            if std::fs::read_to_string(&path).ok().as_deref() != Some(yaml.as_str()) {
-                stale.push(file);
+        files.push((root.join("config/crd").join(file), yaml.clone()));
+        for (chart, _) in CHARTS {
+            files.push((
+                root.join("charts").join(chart).join("crds").join(file),
+                yaml.clone(),
+            ));
+        }
+    }
+    for (chart, rbac) in CHARTS {
+        let source = root.join("config/rbac").join(rbac);
+        match std::fs::read_to_string(&source) {
+            Ok(text) => files.push((
+                root.join("charts").join(chart).join("files/rbac.yaml"),
+                format!("# Generated from config/rbac/{rbac} by `make generate`; do not edit.\n{text}"),
+            )),
+            Err(err) => {
+                eprintln!("error: cannot read {}: {err}", source.display());
+                return ExitCode::FAILURE;
             }
-        } else if let Err(err) = std::fs::write(&path, yaml) {
+        }
+    }
+    let mut stale = Vec::new();
+    for (path, contents) in &files {
+        if check {
+            if std::fs::read_to_string(path).ok().as_deref() != Some(contents.as_str()) {
+                stale.push(relative(&root, path));
+            }
+        } else if let Err(err) = path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(path, contents))
+        {
             eprintln!("error: cannot write {}: {err}", path.display());
             return ExitCode::FAILURE;
         }
@@ -29,9 +60,13 @@ fn main() -> ExitCode {
         ExitCode::SUCCESS
     } else {
         eprintln!(
-            "config/crd is stale ({}): run `make generate` and commit the result",
+            "generated files are stale ({}): run `make generate` and commit the result",
             stale.join(", ")
         );
         ExitCode::FAILURE
     }
+}
+
+fn relative(root: &Path, path: &Path) -> String {
+    path.strip_prefix(root).unwrap_or(path).display().to_string()
 }
