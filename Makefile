@@ -3,7 +3,7 @@ SHELL := /usr/bin/env bash
 CARGO ?= cargo
 export CARGO_TERM_PROGRESS_WHEN ?= auto
 
-.PHONY: help tools generate check-generated fmt lint build test bench-leader bench-agent clean-tools
+.PHONY: help tools generate check-generated fmt lint build test bench-leader bench-agent image-check clean-tools
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -43,6 +43,12 @@ bench-leader: tools ## Benchmark: request→Approved p50/p99 and leader writes p
 bench-agent: tools ## Benchmark: agent RSS/CPU at idle with 100 nodes, writes per minute
 	$(CARGO) build --locked --release -p tether-controller
 	TETHER_BIN_DIR=$(CURDIR)/target/release $(CARGO) run --locked --release -q -p tether-e2e --example agent_bench
+
+image-check: ## Run the Dockerfile's build-stage command on the host (no container engine here)
+	@grep -q 'cargo build --locked --release -p tether-controller -p tether-cli' Dockerfile || \
+	  { echo "Dockerfile's build command changed: update image-check"; exit 1; }
+	TETHER_GIT_SHA=$$(git rev-parse --short HEAD) $(CARGO) build --locked --release -p tether-controller -p tether-cli
+	@ls -l target/release/tether-controller target/release/tether
 
 clean-tools: ## Remove .tools (the version-keyed cache in ~/.cache/tether stays)
 	rm -rf .tools
