@@ -3,10 +3,23 @@ SHELL := /usr/bin/env bash
 CARGO ?= cargo
 export CARGO_TERM_PROGRESS_WHEN ?= auto
 
-.PHONY: help tools generate check-generated fmt lint build test bench-leader bench-agent image-check clean-tools
+.PHONY: help demo demo-down tools generate check-generated fmt lint build test bench-leader bench-agent image-check clean-tools
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
+
+demo: tools ## Start a local leader + 2 members sandbox (kept running; stop with make demo-down)
+	@echo "== building tether-controller and tether"
+	$(CARGO) build --locked -p tether-controller -p tether-cli
+	$(CARGO) run --locked -q -p tether-e2e --example demo
+
+demo-down: ## Stop the sandbox started by make demo and remove .sandbox
+	@if [ -d .sandbox ]; then \
+	  for f in .sandbox/*/children; do [ -f "$$f" ] && xargs -r kill < "$$f" 2>/dev/null; done; \
+	  sleep 1; \
+	  for f in .sandbox/*/children; do [ -f "$$f" ] && xargs -r kill -9 < "$$f" 2>/dev/null; done; \
+	  rm -rf .sandbox; echo "sandbox stopped"; \
+	else echo "no sandbox running"; fi
 
 tools: ## Install the pinned control plane, etcd, helm and kubectl into .tools/bin (cached)
 	@bash e2e/tools.sh

@@ -2,6 +2,7 @@
 //! can send what the Rust types would refuse to build), API error inspection, RBAC set-up, and
 //! (`sim`) a leader with simulated members.
 
+pub mod demo;
 pub mod fleet;
 pub mod sim;
 
@@ -114,11 +115,21 @@ pub async fn apply_rbac_file(client: &Client, file: &str) -> Result<(), kube::Er
 
 /// A short-lived token of a ServiceAccount (TokenRequest), to run a controller with its own RBAC.
 pub async fn service_account_token(client: &Client, ns: &str, name: &str) -> Result<String, kube::Error> {
+    service_account_token_for(client, ns, name, 3600).await
+}
+
+/// As `service_account_token`, valid for `seconds`.
+pub async fn service_account_token_for(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    seconds: i64,
+) -> Result<String, kube::Error> {
     use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
     use k8s_openapi::api::core::v1::ServiceAccount;
     let req = TokenRequest {
         spec: TokenRequestSpec {
-            expiration_seconds: Some(3600),
+            expiration_seconds: Some(seconds),
             ..Default::default()
         },
         ..Default::default()

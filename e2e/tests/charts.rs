@@ -10,9 +10,7 @@ use std::time::Duration;
 use kube::api::Api;
 use serde::Deserialize;
 use serde_json::Value;
-use tether_api::ManagedCluster;
-use tether_e2e::service_account_token;
-use tether_testkit::{Controller, TestCluster, Tools, eventually, token_kubeconfig};
+use tether_testkit::{Tools, eventually};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -188,114 +186,56 @@ fn charts_lint_render_hardened_pods_and_refuse_bad_values() {
     }
 }
 
-async fn install(cluster: &TestCluster, release: &str, chart: &str, values: &[&str]) {
-    let kubeconfig = cluster.kubeconfig().display().to_string();
-    let mut args = vec![
-        "install",
-        release,
-        chart,
-        "-n",
-        "tether-system",
-        "--create-namespace",
-        "--kubeconfig",
-        &kubeconfig,
-    ];
-    args.extend(values);
-    let o = helm(&args);
-    assert!(o.status.success(), "helm install {chart}: {}", out(&o));
-}
-
-async fn run_as(cluster: &TestCluster, sa: &str, args: &[&str]) -> Controller {
-    let admin = cluster.client().expect("admin");
-    let token = service_account_token(&admin, "tether-system", sa)
-        .await
-        .expect("token of the chart's ServiceAccount");
-    let kubeconfig = token_kubeconfig(cluster, sa, &token).expect("kubeconfig");
-    Controller::start(cluster, sa, &kubeconfig, args).expect("controller")
-}
-
 #[tokio::test]
-async fn helm_install_alone_joins_a_member_with_nothing_beyond_the_charts_rbac() {
-    let (leader, member) = tokio::join!(
-        TestCluster::start("helm-leader"),
-        TestCluster::builder("helm-member")
-            .controller_manager(false)
-            .start()
+async fn helm_install_alone_joins_members_with_nothing_beyond_the_charts_rbac() {
+    // The `make demo` flow, non-interactively.
+    let sandbox = tether_e2e::demo::up(None, &[("east", 2), ("west", 1)]).await;
+    assert!(
+        sandbox.init_output.contains("tether join --leader"),
+        "{}",
+        sandbox.init_output
     );
-    let (leader, member) = (leader.expect("leader"), member.expect("member"));
-    install(&leader, "tether-leader", "charts/tether-leader", &[]).await;
-    let leader_proc = run_as(&leader, "tether-leader", &["leader", "--leader-elect=false"]).await;
-
-    // `tether init` on the leader, then the agent chart with what it printed.
-    let cli = tether_testkit::controller::binary("tether").expect("tether binary");
-    let init = tokio::process::Command::new(cli)
-        .args([
-            "--kubeconfig",
-            &leader.kubeconfig().display().to_string(),
-            "init",
-            "--clusterset",
-            "prod",
-        ])
-        .output()
-        .await
-        .expect("tether init");
-    let printed = out(&init);
-    assert!(init.status.success(), "{printed}");
-    let line = printed
-        .lines()
-        .find(|l| l.contains("--set leader.token="))
-        .expect("helm line");
-    let value = |key: &str| {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(&format!("{key}=")))
-            .map(str::to_string)
-            .unwrap_or_default()
-    };
-    let (url, token, hash) = (
-        value("leader.url"),
-        value("leader.token"),
-        value("leader.caCertHash"),
-    );
-    let sets = [
-        format!("leader.url={url}"),
-        format!("leader.token={token}"),
-        format!("leader.caCertHash={hash}"),
-        "cluster.name=east".to_string(),
-    ];
-    let mut values = vec![];
-    for s in &sets {
-        values.push("--set");
-        values.push(s.as_str());
-    }
-    install(&member, "tether-agent", "charts/tether-agent", &values).await;
-    let agent = run_as(
-        &member,
-        "tether-agent",
-        &["agent", "--leader-elect=false", "--lease-namespace=tether-system"],
+    eventually(
+        "kubectl get clusterset shows 2 ready",
+        Duration::from_secs(15),
+        || async {
+            let sets = tether_e2e::demo::kubectl(&sandbox.leader.cluster, &["get", "clusterset", "-A"]);
+            let row = sets
+                .lines()
+                .find(|l| l.contains("prod"))
+                .unwrap_or_default()
+                .to_string();
+            let cols: Vec<&str> = row.split_whitespace().collect();
+            if cols.len() > 5 && cols[2..].contains(&"2") && row.contains("Leader") {
+                Ok(())
+            } else {
+                Err(sets)
+            }
+        },
     )
     .await;
-
-    let admin = leader.client().expect("admin");
-    let mcs = Api::<ManagedCluster>::namespaced(admin, "tether-prod-east");
-    eventually("east Ready at the leader", Duration::from_secs(90), || async {
-        let mc = mcs.get("east").await.map_err(|e| e.to_string())?;
-        let ready = mc
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-            .map(|c| c.status.clone());
-        if ready.as_deref() == Some("True") {
-            Ok(())
-        } else {
-            Err(format!("{:?}", mc.status))
-        }
-    })
-    .await;
-    for (who, c) in [("leader", &leader_proc), ("agent", &agent)] {
-        let log = c.log();
+    let mcls = tether_e2e::demo::kubectl(&sandbox.leader.cluster, &["get", "mcls", "-A"]);
+    assert!(
+        mcls.contains("east") && mcls.contains("2/2") && mcls.contains("west") && mcls.contains("1/1"),
+        "{mcls}"
+    );
+    let mut logs = vec![("leader".to_string(), sandbox.leader.controller.log())];
+    for (name, site) in &sandbox.members {
+        logs.push((name.clone(), site.controller.log()));
+        let member_set = Api::<tether_api::ClusterSet>::namespaced(site.admin.clone(), "tether-system")
+            .get("prod")
+            .await
+            .expect("the chart created the Member ClusterSet");
+        assert_eq!(
+            member_set.status.and_then(|s| s.state).as_deref(),
+            Some("Ready"),
+            "{name}"
+        );
+    }
+    for (who, log) in logs {
         assert!(
             !log.contains("orbidden"),
-            "the {who} needed more than its chart's RBAC:\n{log}"
+            "{who} needed more than its chart's RBAC:\n{log}"
         );
     }
 }

@@ -31,6 +31,7 @@ pub struct ClusterBuilder {
     wait_for_controllers: bool,
     audit_log: bool,
     bootstrap_tokens: bool,
+    root: Option<PathBuf>,
 }
 
 impl ClusterBuilder {
@@ -52,6 +53,13 @@ impl ClusterBuilder {
         self
     }
 
+    /// Puts the cluster folder under `root` instead of `$TMPDIR/tether-testkit` (where folders of
+    /// dead test processes are reaped): for a sandbox that outlives its creator (see `detach`).
+    pub fn root(mut self, root: &Path) -> Self {
+        self.root = Some(root.to_path_buf());
+        self
+    }
+
     /// Writes an audit log of every request (level Metadata) to `audit.log` in the cluster folder.
     pub fn audit_log(mut self, on: bool) -> Self {
         self.audit_log = on;
@@ -61,12 +69,17 @@ impl ClusterBuilder {
     /// Starts the cluster and waits until it serves requests.
     pub async fn start(self) -> Result<TestCluster, Error> {
         let tools = Tools::locate()?;
-        let root = std::env::temp_dir().join("tether-testkit");
+        let root = self
+            .root
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("tether-testkit"));
         std::fs::create_dir_all(&root).map_err(|source| Error::Io {
             path: root.clone(),
             source,
         })?;
-        process::reap_strays(&root);
+        if self.root.is_none() {
+            process::reap_strays(&root);
+        }
         let mut last = None;
         for _ in 0..ATTEMPTS {
             match TestCluster::start_once(&self, &tools, &root).await {
@@ -106,6 +119,7 @@ impl TestCluster {
             wait_for_controllers: true,
             audit_log: false,
             bootstrap_tokens: true,
+            root: None,
         }
     }
 
@@ -300,6 +314,20 @@ impl TestCluster {
             }
         }
         Ok(())
+    }
+
+    /// Leaves the cluster running after this value is gone (a sandbox): its processes are not
+    /// killed and its folder is kept. Returns the folder; its `children` file lists the pids.
+    pub fn detach(mut self) -> PathBuf {
+        for p in self.procs.drain(..) {
+            std::mem::forget(p);
+        }
+        self.dir.take().map(|d| d.keep()).unwrap_or_else(|| {
+            self.kubeconfig
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_default()
+        })
     }
 
     /// The cluster's name (also its kubeconfig context).

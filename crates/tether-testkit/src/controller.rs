@@ -85,6 +85,11 @@ impl Controller {
         self.proc.stop();
     }
 
+    /// Leaves the process running after this value is gone (a sandbox).
+    pub fn detach(self) {
+        std::mem::forget(self);
+    }
+
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.proc.pid()
