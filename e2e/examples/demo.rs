@@ -9,7 +9,9 @@ use tether_e2e::demo::{self, step};
 #[tokio::main]
 async fn main() {
     let start = Instant::now();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.sandbox");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let repo = std::fs::canonicalize(&repo).unwrap_or(repo);
+    let root = repo.join(".sandbox");
     if root.exists()
         && std::fs::read_dir(&root)
             .map(|mut d| d.next().is_some())

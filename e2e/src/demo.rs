@@ -231,6 +231,25 @@ pub async fn up(root: Option<&Path>, members: &[(&str, usize)]) -> Sandbox {
         )
         .await;
     }
+    let sets = Api::<tether_api::ClusterSet>::namespaced(leader_admin.clone(), NAMESPACE);
+    let total = members.len() as i32;
+    eventually(
+        "the ClusterSet to count every member Ready",
+        Duration::from_secs(30),
+        || async {
+            let c = sets
+                .get("prod")
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .and_then(|s| s.members);
+            match c {
+                Some(c) if c.total == total && c.ready == total => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
     step(start, "ready");
     Sandbox {
         leader: Site {
