@@ -94,9 +94,35 @@ async fn init_join_status_leave_destroy_with_failures_that_leave_nothing_behind(
         listed.contains(&token[..6]) && !listed.contains(&token[7..]),
         "IDs only: {listed}"
     );
+    // token create / delete: the deleted token is gone from the list; deleting it again is fine.
+    let extra = ok(&tether(&lk, &["token", "create", "--clusterset", SET]).await)
+        .trim()
+        .to_string();
+    let extra_id = extra.split('.').next().unwrap_or_default().to_string();
+    assert!(ok(&tether(&lk, &["token", "list"]).await).contains(&extra_id));
+    ok(&tether(&lk, &["token", "delete", &extra_id]).await);
+    assert!(ok(&tether(&lk, &["token", "delete", &extra_id]).await).contains("nothing to do"));
+    assert!(
+        !ok(&tether(&lk, &["token", "list"]).await).contains(&extra_id),
+        "deleted"
+    );
 
     let ek = east.cluster.kubeconfig().to_path_buf();
     let wk = west.cluster.kubeconfig().to_path_buf();
+    // A join config file from `init --output` drives `join --config` (dry run: checks, creates nothing).
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("join.yaml");
+    let file_arg = file.display().to_string();
+    ok(&tether(&lk, &["init", "--clusterset", SET, "--output", &file_arg]).await);
+    let dry = ok(&tether(
+        &wk,
+        &["join", "--config", &file_arg, "--name", "west", "--dry-run"],
+    )
+    .await);
+    assert!(
+        dry.contains("token is valid for ClusterSet prod") && dry.contains("role: Member"),
+        "{dry}"
+    );
     // Failures first, each leaving nothing behind.
     let wrong = format!("sha256:{}", "0".repeat(64));
     let t = fails(
