@@ -22,6 +22,22 @@ async fn tether(kubeconfig: &Path, args: &[&str]) -> Output {
     cmd.output().await.expect("run tether")
 }
 
+/// `tether join --leader L --token T --ca-cert-hash H --name N` with `kubeconfig`.
+async fn join_with(kubeconfig: &Path, leader: &str, token: &str, hash: &str, name: &str) -> Output {
+    let args = [
+        "join",
+        "--leader",
+        leader,
+        "--token",
+        token,
+        "--ca-cert-hash",
+        hash,
+        "--name",
+        name,
+    ];
+    tether(kubeconfig, &args).await
+}
+
 fn text(o: &Output) -> String {
     format!(
         "{}{}",
@@ -126,107 +142,31 @@ async fn init_join_status_leave_destroy_with_failures_that_leave_nothing_behind(
     // Failures first, each leaving nothing behind.
     let wrong = format!("sha256:{}", "0".repeat(64));
     let t = fails(
-        &tether(
-            &wk,
-            &[
-                "join",
-                "--leader",
-                &url,
-                "--token",
-                &token,
-                "--ca-cert-hash",
-                &wrong,
-                "--name",
-                "west",
-            ],
-        )
-        .await,
+        &join_with(&wk, &url, &token, &wrong, "west").await,
         "does not match",
     );
     assert!(t.contains(&hash), "shows the hash it saw: {t}");
     fails(
-        &tether(
-            &wk,
-            &[
-                "join",
-                "--leader",
-                &url,
-                "--token",
-                "abcdef.0000000000000000",
-                "--ca-cert-hash",
-                &hash,
-                "--name",
-                "west",
-            ],
-        )
-        .await,
+        &join_with(&wk, &url, "abcdef.0000000000000000", &hash, "west").await,
         "rejected the token",
     );
     fails(
-        &tether(
-            &wk,
-            &[
-                "join",
-                "--leader",
-                "https://127.0.0.1:1",
-                "--token",
-                &token,
-                "--ca-cert-hash",
-                &hash,
-                "--name",
-                "west",
-            ],
-        )
-        .await,
+        &join_with(&wk, "https://127.0.0.1:1", &token, &hash, "west").await,
         "cannot read",
     );
-    fails(
-        &tether(
-            &wk,
-            &[
-                "join",
-                "--leader",
-                &url,
-                "--token",
-                &token,
-                "--ca-cert-hash",
-                &hash,
-                "--name",
-                "west",
-            ],
-        )
-        .await,
-        "no agent",
-    );
+    fails(&join_with(&wk, &url, &token, &hash, "west").await, "no agent");
     no_member_set(&west).await;
 
     // Joins with the agents running; a second join is a no-op.
     east.start_agent();
     west.start_agent();
-    let join = |k: &Path, name: &'static str| {
-        let (k, url, token, hash) = (k.to_path_buf(), url.clone(), token.clone(), hash.clone());
-        async move {
-            tether(
-                &k,
-                &[
-                    "join",
-                    "--leader",
-                    &url,
-                    "--token",
-                    &token,
-                    "--ca-cert-hash",
-                    &hash,
-                    "--name",
-                    name,
-                ],
-            )
-            .await
-        }
-    };
-    let (e, w) = tokio::join!(join(&ek, "east"), join(&wk, "west"));
+    let (e, w) = tokio::join!(
+        join_with(&ek, &url, &token, &hash, "east"),
+        join_with(&wk, &url, &token, &hash, "west")
+    );
     assert!(ok(&e).contains("Joined ClusterSet prod as east"));
     ok(&w);
-    assert!(ok(&join(&ek, "east").await).contains("Already joined"));
+    assert!(ok(&join_with(&ek, &url, &token, &hash, "east").await).contains("Already joined"));
 
     // The set's counts follow within a second or two (debounced).
     let status = eventually("status with 2 members", Duration::from_secs(15), || async {
@@ -357,23 +297,7 @@ async fn without_bootstrap_tokens_init_falls_back_to_a_service_account_token_and
 
     // The join waits for an admin; approve it from the leader side.
     let ek = east.cluster.kubeconfig().to_path_buf();
-    let join = tokio::spawn(async move {
-        tether(
-            &ek,
-            &[
-                "join",
-                "--leader",
-                &url,
-                "--token",
-                &token,
-                "--ca-cert-hash",
-                &hash,
-                "--name",
-                "east",
-            ],
-        )
-        .await
-    });
+    let join = tokio::spawn(async move { join_with(&ek, &url, &token, &hash, "east").await });
     let requests = Api::<tether_api::ClusterRegistrationRequest>::namespaced(leader.admin.clone(), HOME);
     let name = eventually("a request awaiting approval", Duration::from_secs(60), || async {
         let list = requests
