@@ -4,6 +4,7 @@
 
 pub mod demo;
 pub mod fleet;
+pub mod scale;
 pub mod sim;
 
 use kube::api::{Api, DynamicObject, PostParams};

@@ -261,6 +261,16 @@ impl Context {
     }
 }
 
+/// Deregisters at the leader: deletes the announce `name` with the member's credential (the
+/// leader then removes the member). Already gone counts as done.
+pub async fn deregister(api: &Api<MemberClusterAnnounce>, name: &str) -> Result<(), kube::Error> {
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Leaves: deregisters at the leader (deletes the announce), then removes the set's
 /// ClusterProperty and the agent's Secrets here. An unreachable leader is given up on after
 /// `leave_timeout`, with a Warning Event and log, so a leave never hangs forever.
@@ -284,10 +294,8 @@ async fn leave(ctx: &Context, set: &ClusterSet) -> Result<(), Error> {
         let api = Api::<MemberClusterAnnounce>::namespaced(client, &stored.credential.namespace);
         let deregister = async {
             loop {
-                match api.delete(&spec.cluster_name, &DeleteParams::default()).await {
-                    Ok(_) => return Ok(()),
-                    // Already gone: nothing left to deregister.
-                    Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+                match deregister(&api, &spec.cluster_name).await {
+                    Ok(()) => return Ok(()),
                     // The credential is dead: the leader cannot be told.
                     Err(kube::Error::Api(s)) if matches!(s.code, 401 | 403) => return Err(s.message),
                     Err(e) => {

@@ -6,8 +6,14 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
 use kube_quantity::ParsedQuantity;
+use serde_json::json;
+use tether_api::ManagedCluster;
 use tether_api::managedcluster::{ApiServerHealth, NodeCounts};
+
+use crate::{FIELD_MANAGER, VERSION};
 
 /// Resources summed over nodes (others are ignored to keep the status small).
 const RESOURCES: [&str; 4] = ["cpu", "memory", "pods", "ephemeral-storage"];
@@ -101,6 +107,36 @@ fn allocatable_moved(last: &BTreeMap<String, Quantity>, next: &BTreeMap<String, 
             _ => old != &next[name],
         }
     })
+}
+
+/// Writes `r` as the ManagedCluster `name`'s status (server-side apply of the agent's fields),
+/// with `url` as the member API server's address.
+pub async fn write_status(
+    api: &Api<ManagedCluster>,
+    name: &str,
+    r: &Report,
+    url: &str,
+) -> Result<(), kube::Error> {
+    let healthy = r.health.livez && r.health.readyz;
+    let now = Timestamp::now();
+    let status = json!({
+        "kubernetesVersion": r.kubernetes_version, "platform": r.platform, "apiServerURL": url,
+        "agentVersion": VERSION, "nodes": r.nodes, "capacity": r.capacity, "allocatable": r.allocatable,
+        "apiServerHealth": r.health, "lastReportTime": now.to_string(),
+        "conditions": [{"type": "ApiServerHealthy", "status": if healthy { "True" } else { "False" },
+                        "reason": if healthy { "LivezReadyzOK" } else { "HealthCheckFailed" },
+                        "message": format!("livez={} readyz={}", r.health.livez, r.health.readyz),
+                        "lastTransitionTime": now.to_string()}],
+    });
+    let body =
+        json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ManagedCluster", "status": status});
+    api.patch_status(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(body),
+    )
+    .await?;
+    Ok(())
 }
 
 #[cfg(test)]

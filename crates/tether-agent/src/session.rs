@@ -28,7 +28,7 @@ use crate::register::{Registration, Target, register};
 use crate::report::{Report, summarize, worth_writing};
 use crate::state::{self, Stored};
 use crate::view::{View, time};
-use crate::{Context, Error, FIELD_MANAGER, VERSION};
+use crate::{Context, Error, FIELD_MANAGER};
 
 /// A full ManagedCluster status refresh happens at least this often, changed or not.
 const FULL_REFRESH: Duration = Duration::from_secs(300);
@@ -230,7 +230,26 @@ fn rejected(op: &'static str, e: kube::Error) -> Error {
     }
 }
 
-fn jittered(interval: Duration) -> Duration {
+/// One heartbeat: renews the announce `name` with `now` (one small write) and returns the
+/// interval the leader asks for until the next one.
+pub async fn beat(
+    api: &Api<MemberClusterAnnounce>,
+    name: &str,
+    now: Timestamp,
+) -> Result<Duration, kube::Error> {
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    let body = json!({"spec": {"renewTime": now.to_string()}});
+    let mca = api.patch(name, &pp, &Patch::Merge(body)).await?;
+    Ok(Duration::from_secs(
+        mca.spec.heartbeat_interval_seconds.unwrap_or(10).max(1) as u64,
+    ))
+}
+
+/// `interval` ±10%, so that members started together do not heartbeat in lockstep.
+pub fn jittered(interval: Duration) -> Duration {
     let factor = rand::rng().random_range(0.9..1.1);
     interval.mul_f64(factor)
 }
@@ -243,20 +262,14 @@ async fn heartbeat(
 ) -> Result<(), Error> {
     let mut interval = Duration::from_secs(10);
     let mut failures: u32 = 0;
-    let pp = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..PatchParams::default()
-    };
     loop {
         let api = Api::<MemberClusterAnnounce>::namespaced(client.borrow().clone(), ns);
         let now = Timestamp::now();
-        let body = json!({"spec": {"renewTime": now.to_string()}});
-        match api.patch(name, &pp, &Patch::Merge(body)).await {
-            Ok(mca) => {
+        match beat(&api, name, now).await {
+            Ok(next) => {
                 sh.ctx.metrics.heartbeat(true);
                 failures = 0;
-                interval =
-                    Duration::from_secs(mca.spec.heartbeat_interval_seconds.unwrap_or(10).max(1) as u64);
+                interval = next;
                 let publish_time = {
                     let mut last = sh
                         .last_heartbeat_published
@@ -336,7 +349,7 @@ async fn report(
         let full = last_write.elapsed() >= FULL_REFRESH;
         if worth_writing(last.as_ref(), &next) || full {
             let api = Api::<ManagedCluster>::namespaced(client.borrow().clone(), ns);
-            match write_status(&api, name, &next, &sh.ctx.api_server_url).await {
+            match crate::report::write_status(&api, name, &next, &sh.ctx.api_server_url).await {
                 Ok(()) => {
                     sh.ctx.metrics.status_write();
                     last = Some(next);
@@ -389,34 +402,6 @@ async fn observe(member: &Client, nodes: &reflector::Store<Node>) -> Report {
         platform: version.map(|v| v.platform),
         health: tether_api::managedcluster::ApiServerHealth { livez, readyz },
     }
-}
-
-async fn write_status(
-    api: &Api<ManagedCluster>,
-    name: &str,
-    r: &Report,
-    url: &str,
-) -> Result<(), kube::Error> {
-    let healthy = r.health.livez && r.health.readyz;
-    let now = Timestamp::now();
-    let status = json!({
-        "kubernetesVersion": r.kubernetes_version, "platform": r.platform, "apiServerURL": url,
-        "agentVersion": VERSION, "nodes": r.nodes, "capacity": r.capacity, "allocatable": r.allocatable,
-        "apiServerHealth": r.health, "lastReportTime": now.to_string(),
-        "conditions": [{"type": "ApiServerHealthy", "status": if healthy { "True" } else { "False" },
-                        "reason": if healthy { "LivezReadyzOK" } else { "HealthCheckFailed" },
-                        "message": format!("livez={} readyz={}", r.health.livez, r.health.readyz),
-                        "lastTransitionTime": now.to_string()}],
-    });
-    let body =
-        json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ManagedCluster", "status": status});
-    api.patch_status(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(body),
-    )
-    .await?;
-    Ok(())
 }
 
 async fn renew(

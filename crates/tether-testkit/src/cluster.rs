@@ -405,6 +405,11 @@ impl TestCluster {
         Ok(cmd)
     }
 
+    /// The process ID of `process` (`etcd`, `kube-apiserver`, `kube-controller-manager`), if running.
+    pub fn pid(&self, process: &str) -> Option<u32> {
+        self.procs.iter().find(|p| p.name() == process).map(Proc::pid)
+    }
+
     /// Stops kube-controller-manager, e.g. to observe what happens without it.
     pub fn stop_controller_manager(&mut self) {
         self.procs.retain(|p| p.name() != "kube-controller-manager");

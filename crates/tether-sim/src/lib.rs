@@ -1,0 +1,331 @@
+//! Many simulated member agents in one process, against a real leader.
+//!
+//! Each simulated member does what `tether-agent` does, with the agent's own library code:
+//! pin-checked discovery (`discovery`), registration with the join token (`register::register`),
+//! one heartbeat per interval (`session::beat`, the interval the leader asks for, jittered as
+//! the agent jitters it), a ManagedCluster status built by `report::summarize` and written by
+//! `report::write_status`, and leave (`deregister`).
+//!
+//! What differs from N real agents, on purpose: all members share one HTTP connection pool
+//! (each request still carries the member's own token), so that 10,000 members do not open
+//! 10,000 TLS connections to an API server on the same small machine; and there is no member
+//! cluster behind them (their nodes are synthetic).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::Api;
+use kube::client::ConfigExt;
+use tether_agent::discovery::{self, Trust};
+use tether_agent::register::{Registration, Target, register};
+use tether_agent::report::{Report, summarize, write_status};
+use tether_agent::session::{beat, jittered};
+use tether_api::managedcluster::ApiServerHealth;
+use tether_api::{ManagedCluster, MemberClusterAnnounce};
+use tokio_util::sync::CancellationToken;
+use tower::{BoxError, ServiceBuilder};
+
+/// What can go wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The agent library failed (discovery, registration, denial, …).
+    #[error(transparent)]
+    Agent(#[from] tether_agent::Error),
+    /// The leader's CA could not be fetched or does not match the pin.
+    #[error(transparent)]
+    Discovery(#[from] discovery::DiscoveryError),
+    /// A call to the leader failed.
+    #[error("{op}: {source}")]
+    Leader {
+        /// What was attempted.
+        op: &'static str,
+        /// The cause.
+        source: kube::Error,
+    },
+}
+
+/// Where the simulated members join.
+#[derive(Clone, Debug)]
+pub struct Join {
+    /// The leader API server URL.
+    pub leader_url: String,
+    /// `sha256:<hex>` pin of the leader's CA.
+    pub ca_cert_hash: String,
+    /// The join (bootstrap) token.
+    pub token: String,
+    /// The set's namespace on the leader.
+    pub namespace: String,
+    /// How long one registration may wait for the leader's decision.
+    pub registration_timeout: Duration,
+}
+
+type Http =
+    hyper_util::client::legacy::Client<hyper_rustls::HttpsConnector<HttpConnector>, kube::client::Body>;
+
+/// Counters shared by all members.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Heartbeats the leader accepted.
+    pub heartbeats: AtomicU64,
+    /// Heartbeats that failed.
+    pub heartbeat_failures: AtomicU64,
+}
+
+impl Stats {
+    /// Heartbeats accepted so far.
+    pub fn heartbeats(&self) -> u64 {
+        self.heartbeats.load(Ordering::Relaxed)
+    }
+
+    /// Heartbeats failed so far.
+    pub fn failures(&self) -> u64 {
+        self.heartbeat_failures.load(Ordering::Relaxed)
+    }
+}
+
+/// The shared side of all simulated members: the verified leader and one connection pool.
+pub struct Fleet {
+    join: Join,
+    trust: Trust,
+    http: Http,
+    bootstrap: Client,
+    /// Counters of all members of this fleet.
+    pub stats: Arc<Stats>,
+}
+
+/// How long one member's join took, as the agent sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Timings {
+    /// From the create call to the unsealed credential (includes the agent's polling).
+    pub registered: Duration,
+    /// From the create call to the first heartbeat the leader accepted with that credential.
+    pub usable: Duration,
+}
+
+impl Fleet {
+    /// Fetches the leader's CA anonymously and checks it against the pin before anything is
+    /// sent with the token, exactly as the agent does.
+    pub async fn connect(join: Join) -> Result<Self, Error> {
+        let pem = discovery::fetch_leader_ca(&join.leader_url).await?;
+        discovery::check_pin(&pem, &join.ca_cert_hash)?;
+        let trust = Trust::Ca(pem);
+        let config = discovery::leader_config(&join.leader_url, &trust, None)?;
+        let connector = config.rustls_https_connector().map_err(|source| Error::Leader {
+            op: "build TLS connector",
+            source,
+        })?;
+        let http = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector);
+        let bootstrap = client(&join.leader_url, &trust, &http, &join.token)?;
+        Ok(Self {
+            join,
+            trust,
+            http,
+            bootstrap,
+            stats: Arc::default(),
+        })
+    }
+
+    /// Registers the member `name` (also its cluster ID) with the agent's registration code,
+    /// sends its first heartbeat and its first status report.
+    pub async fn join(&self, name: &str) -> Result<(Member, Timings), Error> {
+        let (identity, recipient) = tether_seal::generate_keypair();
+        let started = Instant::now();
+        let stored = register(
+            &Target {
+                bootstrap: self.bootstrap.clone(),
+                namespace: &self.join.namespace,
+            },
+            &Registration {
+                cluster_id: name,
+                cluster_name: name,
+                labels: [("tether.dev/simulated".to_string(), "true".to_string())].into(),
+                identity: &identity,
+                recipient: &recipient,
+            },
+            self.join.registration_timeout,
+        )
+        .await?;
+        let registered = started.elapsed();
+        let client = client(
+            &self.join.leader_url,
+            &self.trust,
+            &self.http,
+            &stored.credential.token,
+        )?;
+        let ns = stored.credential.namespace.as_str();
+        let mut member = Member {
+            name: name.to_string(),
+            namespace: ns.to_string(),
+            announce: Api::namespaced(client.clone(), ns),
+            cluster: Api::namespaced(client, ns),
+            interval: Duration::from_secs(10),
+            stats: self.stats.clone(),
+        };
+        member.interval = member.beat().await?;
+        let usable = started.elapsed();
+        member.report().await?;
+        Ok((member, Timings { registered, usable }))
+    }
+}
+
+/// A client of the leader with `token`, over the shared connection pool `http`.
+fn client(url: &str, trust: &Trust, http: &Http, token: &str) -> Result<Client, Error> {
+    let config = discovery::leader_config(url, trust, Some(token))?;
+    let auth = config.auth_layer().map_err(|source| Error::Leader {
+        op: "build auth layer",
+        source,
+    })?;
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(auth)
+        .map_err(BoxError::from)
+        .service(http.clone());
+    Ok(Client::new(service, "default"))
+}
+
+/// One simulated member, registered.
+pub struct Member {
+    /// Its cluster name and ID.
+    pub name: String,
+    /// Its namespace on the leader.
+    pub namespace: String,
+    announce: Api<MemberClusterAnnounce>,
+    cluster: Api<ManagedCluster>,
+    /// The heartbeat interval the leader asked for last.
+    pub interval: Duration,
+    stats: Arc<Stats>,
+}
+
+impl Member {
+    /// One heartbeat (the agent's `session::beat`); returns the interval the leader asks for.
+    pub async fn beat(&self) -> Result<Duration, Error> {
+        let r = beat(&self.announce, &self.name, Timestamp::now()).await;
+        let counter = if r.is_ok() {
+            &self.stats.heartbeats
+        } else {
+            &self.stats.heartbeat_failures
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        r.map_err(|source| Error::Leader {
+            op: "heartbeat",
+            source,
+        })
+    }
+
+    /// Writes the ManagedCluster status of a healthy 3-node cluster, built and written by the
+    /// agent's report code.
+    pub async fn report(&self) -> Result<(), Error> {
+        let nodes: Vec<Node> = (0..3).map(|_| synthetic_node()).collect();
+        let (counts, capacity, allocatable) = summarize(nodes.iter());
+        let report = Report {
+            nodes: counts,
+            capacity,
+            allocatable,
+            kubernetes_version: Some("v1.34.4".into()),
+            platform: Some("linux/amd64".into()),
+            health: ApiServerHealth {
+                livez: true,
+                readyz: true,
+            },
+        };
+        let url = format!("https://{}.sim.invalid:6443", self.name);
+        write_status(&self.cluster, &self.name, &report, &url)
+            .await
+            .map_err(|source| Error::Leader {
+                op: "report status",
+                source,
+            })
+    }
+
+    /// Heartbeats until `cancel`, as the agent's heartbeat loop does: the first one at a random
+    /// point of the interval (so that members started together spread out), then every interval
+    /// ±10%. A failed heartbeat is counted and retried at the next beat.
+    pub async fn heartbeat_until(mut self, cancel: CancellationToken) -> Self {
+        let first = self.interval.mul_f64(rand_fraction(&self.name));
+        let mut next = first;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return self,
+                _ = tokio::time::sleep(next) => {}
+            }
+            if let Ok(interval) = self.beat().await {
+                self.interval = interval;
+            }
+            next = jittered(self.interval);
+        }
+    }
+
+    /// Leaves: the agent's `deregister` (deletes the announce with the member's credential).
+    pub async fn leave(&self) -> Result<(), Error> {
+        tether_agent::deregister(&self.announce, &self.name)
+            .await
+            .map_err(|source| Error::Leader {
+                op: "deregister",
+                source,
+            })
+    }
+}
+
+/// A fraction in [0, 1) derived from `name`, so that start offsets are spread but repeatable.
+fn rand_fraction(name: &str) -> f64 {
+    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    (h % 10_000) as f64 / 10_000.0
+}
+
+fn synthetic_node() -> Node {
+    let resources = [("cpu", "4"), ("memory", "16Gi"), ("pods", "110")]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+        .collect::<std::collections::BTreeMap<_, _>>();
+    Node {
+        status: Some(NodeStatus {
+            capacity: Some(resources.clone()),
+            allocatable: Some(resources),
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                ..NodeCondition::default()
+            }]),
+            ..NodeStatus::default()
+        }),
+        ..Node::default()
+    }
+}
+
+/// Joins the members `names`, `concurrency` at a time, calling `progress(joined)` after each.
+/// Stops at the first failure and returns it.
+pub async fn join_all(
+    fleet: &Fleet,
+    names: Vec<String>,
+    concurrency: usize,
+    progress: impl Fn(usize),
+) -> Result<Vec<(Member, Timings)>, Error> {
+    use futures::{StreamExt, TryStreamExt};
+    let mut joined = Vec::with_capacity(names.len());
+    let mut stream = futures::stream::iter(names)
+        .map(|name| async move { fleet.join(&name).await })
+        .buffer_unordered(concurrency.max(1));
+    while let Some(m) = stream.try_next().await? {
+        joined.push(m);
+        progress(joined.len());
+    }
+    Ok(joined)
+}
+
+/// The `p` quantile (0..=1) of sorted `values`, by the nearest-rank method.
+pub fn quantile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}

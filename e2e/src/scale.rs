@@ -1,0 +1,697 @@
+//! The scale benchmark (`make bench`): one real control plane, the leader as its own process
+//! (`tether-controller leader`, its own ServiceAccount), and N members simulated by `tether-sim`
+//! in this process. Measures registration, steady-state writes by kind, the leader's CPU and
+//! memory, loss detection, join/leave visibility, and the API server's own limit for small
+//! writes on the same machine, against which the other figures are put.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+use tether_api::registration::RegistrationResult;
+use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster};
+use tether_sim::{Fleet, Join, Member, join_all, quantile};
+use tether_testkit::{BootstrapToken, TestCluster};
+use tokio_util::sync::CancellationToken;
+
+use crate::fleet::{LeaderSide, leader_on};
+use crate::sim::{HOME, SET};
+
+/// Heartbeat intervals the benchmark chooses from (seconds).
+const INTERVALS: [u64; 10] = [10, 15, 20, 30, 45, 60, 90, 120, 180, 300];
+/// The share of the API server's measured write limit that heartbeats may take.
+pub const HEARTBEAT_SHARE: f64 = 0.5;
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Simulated members.
+    pub members: usize,
+    /// Registrations in flight at once.
+    pub concurrency: usize,
+    /// Heartbeat interval in seconds; None: the shortest in `INTERVALS` whose heartbeat rate
+    /// stays within `HEARTBEAT_SHARE` of the measured API server limit.
+    pub interval: Option<u64>,
+    /// How long the steady state is measured.
+    pub steady: Duration,
+    /// How long the API server's write limit is measured.
+    pub limit_window: Duration,
+}
+
+/// Everything measured in one run.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    /// Simulated members.
+    pub members: usize,
+    /// Registrations in flight at once.
+    pub concurrency: usize,
+    /// The API server's sustained rate of small writes (Lease updates) per second.
+    pub api_limit: f64,
+    /// The heartbeat interval used (s).
+    pub interval: u64,
+    /// The grace period used (s).
+    pub grace: u64,
+    /// Wall time of the registration phase.
+    pub registration_wall: Duration,
+    /// Request created → `Approved` seen by a watch (server side), sorted.
+    pub approved: Vec<Duration>,
+    /// Create call → first heartbeat accepted with the new credential (agent side), sorted.
+    pub usable: Vec<Duration>,
+    /// CPU share of one core during registration, by process.
+    pub registration_cpu: BTreeMap<&'static str, f64>,
+    /// Steady-state writes per second by kind.
+    pub writes: BTreeMap<String, f64>,
+    /// Heartbeats per second the simulated members sent during the steady window.
+    pub heartbeats: f64,
+    /// Heartbeats that failed during the whole run.
+    pub heartbeat_failures: u64,
+    /// CPU share of one core at steady state, by process.
+    pub steady_cpu: BTreeMap<&'static str, f64>,
+    /// Leader RSS at the end of the steady window (MiB).
+    pub leader_rss: f64,
+    /// Leader peak RSS over the run (MiB).
+    pub leader_peak_rss: f64,
+    /// Last accepted heartbeat of a member → its ManagedCluster `Ready=Unknown`.
+    pub detection: Duration,
+    /// A new member's create call → ClusterSet status counting it.
+    pub join_visible: Duration,
+    /// A member's deregistration → ClusterSet status no longer counting it.
+    pub leave_visible: Duration,
+}
+
+impl Outcome {
+    /// Writes per second the API server took over the steady window, of kind `kind`.
+    fn writes_of(&self, kind: &str) -> f64 {
+        self.writes.get(kind).copied().unwrap_or(0.0)
+    }
+
+    /// All steady writes per second.
+    pub fn total_writes(&self) -> f64 {
+        self.writes.values().sum()
+    }
+
+    /// Announce writes per heartbeat the members sent (the target is 1).
+    pub fn writes_per_heartbeat(&self) -> f64 {
+        if self.heartbeats == 0.0 {
+            return 0.0;
+        }
+        self.writes_of(ANNOUNCE) / self.heartbeats
+    }
+
+    /// Registration throughput (members/s).
+    pub fn throughput(&self) -> f64 {
+        self.members as f64 / self.registration_wall.as_secs_f64().max(f64::EPSILON)
+    }
+
+    /// The table of this run, in Markdown.
+    pub fn table(&self) -> String {
+        let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1000.0);
+        let s = |d: Duration| format!("{:.1} s", d.as_secs_f64());
+        let pct = |x: f64| format!("{:.0}%", x * 100.0);
+        let ratio = |x: f64| format!("{:.1}% of the API server limit", x / self.api_limit * 100.0);
+        let mut t = String::new();
+        let _ = writeln!(
+            t,
+            "\n### N = {} (heartbeat {}s, grace {}s, {} registrations in flight)\n",
+            self.members, self.interval, self.grace, self.concurrency
+        );
+        let _ = writeln!(t, "| figure | value | note |\n| --- | --- | --- |");
+        let mut row = |a: &str, b: String, c: String| {
+            let _ = writeln!(t, "| {a} | {b} | {c} |");
+        };
+        row(
+            "API server limit (small writes)",
+            format!("{:.0} writes/s", self.api_limit),
+            "Lease updates, same API server + etcd".into(),
+        );
+        row(
+            "registration throughput",
+            format!("{:.1} /s", self.throughput()),
+            format!(
+                "{} members in {}; ≈ {:.0} writes/s, {}",
+                self.members,
+                s(self.registration_wall),
+                self.throughput() * WRITES_PER_REGISTRATION,
+                ratio(self.throughput() * WRITES_PER_REGISTRATION)
+            ),
+        );
+        row(
+            "request → Approved p50 / p99",
+            format!(
+                "{} / {}",
+                ms(quantile(&self.approved, 0.5)),
+                ms(quantile(&self.approved, 0.99))
+            ),
+            "seen by a watch on the leader".into(),
+        );
+        row(
+            "request → usable credential p50 / p99",
+            format!(
+                "{} / {}",
+                ms(quantile(&self.usable, 0.5)),
+                ms(quantile(&self.usable, 0.99))
+            ),
+            "first heartbeat accepted; includes the agent's polling".into(),
+        );
+        for (who, share) in &self.registration_cpu {
+            row(
+                &format!("CPU during registration: {who}"),
+                pct(*share),
+                "of one core".into(),
+            );
+        }
+        row(
+            "heartbeats sent",
+            format!("{:.1} /s", self.heartbeats),
+            format!("{} failed over the run", self.heartbeat_failures),
+        );
+        row(
+            "announce writes per heartbeat",
+            format!("{:.2}", self.writes_per_heartbeat()),
+            "target 1".into(),
+        );
+        for kind in [ANNOUNCE, MANAGED_CLUSTER_STATUS, CLUSTER_SET_STATUS, OTHER] {
+            row(
+                &format!("steady writes: {kind}"),
+                format!("{:.2} /s", self.writes_of(kind)),
+                ratio(self.writes_of(kind)),
+            );
+        }
+        row(
+            "steady writes: all",
+            format!("{:.2} /s", self.total_writes()),
+            ratio(self.total_writes()),
+        );
+        for (who, share) in &self.steady_cpu {
+            row(
+                &format!("CPU at steady state: {who}"),
+                pct(*share),
+                "of one core".into(),
+            );
+        }
+        row(
+            "leader RSS (steady / peak)",
+            format!("{:.0} / {:.0} MiB", self.leader_rss, self.leader_peak_rss),
+            "target ≤ 256 MiB at 10,000".into(),
+        );
+        row(
+            "member silent → Ready=Unknown",
+            s(self.detection),
+            format!("grace period {}s", self.grace),
+        );
+        row(
+            "join → ClusterSet status counts it",
+            s(self.join_visible),
+            "includes the registration".into(),
+        );
+        row(
+            "leave → ClusterSet status drops it",
+            s(self.leave_visible),
+            "status is debounced 1 s".into(),
+        );
+        t
+    }
+}
+
+/// The member count the API server limit implies at each heartbeat interval, if heartbeats may
+/// take `HEARTBEAT_SHARE` of it.
+pub fn capacity_table(api_limit: f64) -> String {
+    let mut t =
+        String::from("| heartbeat interval | members (heartbeats at 50% of the limit) |\n| --- | --- |\n");
+    for i in [10u64, 30, 60, 120, 300] {
+        let _ = writeln!(t, "| {i} s | {:.0} |", api_limit * HEARTBEAT_SHARE * i as f64);
+    }
+    t
+}
+
+/// Writes per registration measured by `make bench-leader` (docs/benchmarks.md): used only to put
+/// the registration rate next to the API server limit.
+const WRITES_PER_REGISTRATION: f64 = 10.0;
+const ANNOUNCE: &str = "announce (heartbeat)";
+const MANAGED_CLUSTER_STATUS: &str = "ManagedCluster status";
+const CLUSTER_SET_STATUS: &str = "ClusterSet status";
+const OTHER: &str = "other";
+
+/// Runs one benchmark; progress goes to stderr.
+pub async fn run(settings: &Settings) -> Outcome {
+    let n = settings.members;
+    let cluster = TestCluster::builder(&format!("scale-{n}"))
+        .start()
+        .await
+        .expect("control plane");
+    let admin = cluster.client().expect("admin");
+
+    eprintln!(
+        "== [{n}] measuring the API server's limit for small writes ({:?})",
+        settings.limit_window
+    );
+    let api_limit = write_limit(&admin, settings.limit_window).await;
+    eprintln!("   {api_limit:.0} writes/s");
+    let interval = settings.interval.unwrap_or_else(|| {
+        INTERVALS
+            .into_iter()
+            .find(|i| n as f64 / *i as f64 <= api_limit * HEARTBEAT_SHARE)
+            .unwrap_or(INTERVALS[INTERVALS.len() - 1])
+    });
+    let grace = interval * 4;
+    let leader_spec =
+        json!({"heartbeatInterval": format!("{interval}s"), "gracePeriod": format!("{grace}s")});
+    let leader = leader_on(cluster, Some(leader_spec)).await;
+    let leader_pid = leader.controller.pid();
+    let procs = processes(&leader);
+
+    let token = BootstrapToken::random();
+    token
+        .create(
+            &leader.admin,
+            &[&format!("system:bootstrappers:tether:{SET}")],
+            None,
+        )
+        .await
+        .expect("join token");
+    let join = Join {
+        leader_url: leader.cluster.url().to_string(),
+        ca_cert_hash: leader.cluster.ca_cert_hash().to_string(),
+        token: token.token(),
+        namespace: HOME.into(),
+        registration_timeout: Duration::from_secs(900),
+    };
+    // The leader publishes its CA for anonymous discovery shortly after it starts.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let fleet = loop {
+        match Fleet::connect(join.clone()).await {
+            Ok(f) => break f,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("connect to the leader: {e}"),
+        }
+    };
+    let approvals = watch_approvals(&leader.admin);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    eprintln!(
+        "== [{n}] registering {n} members, {} in flight (heartbeat {interval}s, grace {grace}s)",
+        settings.concurrency
+    );
+    let cpu = Cpu::sample(&procs);
+    let started = Instant::now();
+    let step = (n / 10).max(1);
+    let joined = join_all(
+        &fleet,
+        (0..n).map(|i| format!("sim-{i:05}")).collect(),
+        settings.concurrency,
+        |k| {
+            if k % step == 0 {
+                eprintln!("   {k}/{n} joined after {:.0}s", started.elapsed().as_secs_f64());
+            }
+        },
+    )
+    .await
+    .expect("every member joins");
+    let registration_wall = started.elapsed();
+    let registration_cpu = cpu.shares(&procs);
+
+    let mut usable: Vec<Duration> = joined.iter().map(|(_, t)| t.usable).collect();
+    usable.sort();
+    let mut approved: Vec<Duration> = {
+        let seen = approvals.lock().expect("approvals");
+        joined
+            .iter()
+            .filter_map(|(m, _)| {
+                seen.get(&m.name)
+                    .and_then(|(c, a)| a.map(|a| a.saturating_duration_since(*c)))
+            })
+            .collect()
+    };
+    approved.sort();
+    assert_eq!(approved.len(), n, "the watch saw every request approved");
+
+    let cancel = CancellationToken::new();
+    let mut members = joined.into_iter().map(|(m, _)| m);
+    let silent = members.next().expect("at least one member");
+    let silent_cancel = CancellationToken::new();
+    let silent = tokio::spawn(silent.heartbeat_until(silent_cancel.clone()));
+    let tasks: Vec<_> = members
+        .map(|m| tokio::spawn(m.heartbeat_until(cancel.clone())))
+        .collect();
+    wait_for_counts(&leader.admin, n, n, Duration::from_secs(interval * 3 + 60)).await;
+
+    // One full interval first, so that every member's heartbeat phase is spread.
+    eprintln!(
+        "== [{n}] all Ready; settling {interval}s, then measuring the steady state for {:?}",
+        settings.steady
+    );
+    tokio::time::sleep(Duration::from_secs(interval)).await;
+    let before = request_counts(&leader.admin).await;
+    let beats = fleet.stats.heartbeats();
+    let cpu = Cpu::sample(&procs);
+    let window = Instant::now();
+    tokio::time::sleep(settings.steady).await;
+    let elapsed = window.elapsed().as_secs_f64();
+    let steady_cpu = cpu.shares(&procs);
+    let heartbeats = (fleet.stats.heartbeats() - beats) as f64 / elapsed;
+    let after = request_counts(&leader.admin).await;
+    let writes = classify(&before, &after, elapsed);
+    let leader_rss = rss_mib(leader_pid, "VmRSS");
+
+    eprintln!("== [{n}] silencing one member");
+    silent_cancel.cancel();
+    let silent: Member = silent.await.expect("silent member task");
+    silent.beat().await.expect("last heartbeat");
+    let last = Instant::now();
+    wait_ready_unknown(
+        &leader.admin,
+        &silent.namespace,
+        &silent.name,
+        Duration::from_secs(grace * 2 + 60),
+    )
+    .await;
+    let detection = last.elapsed();
+
+    eprintln!("== [{n}] one more member joins, then leaves");
+    let t0 = Instant::now();
+    let (late, _) = fleet.join("sim-late").await.expect("late member joins");
+    wait_total(&leader.admin, n + 1, Duration::from_secs(120)).await;
+    let join_visible = t0.elapsed();
+    let t0 = Instant::now();
+    late.leave().await.expect("late member leaves");
+    wait_total(&leader.admin, n, Duration::from_secs(120)).await;
+    let leave_visible = t0.elapsed();
+    let leader_peak_rss = rss_mib(leader_pid, "VmHWM");
+
+    cancel.cancel();
+    for t in tasks {
+        let _ = t.await;
+    }
+    let log = leader.controller.log();
+    assert!(
+        !log.contains("forbidden"),
+        "the leader was refused something:\n{}",
+        leader.controller.log_tail(40)
+    );
+    Outcome {
+        members: n,
+        concurrency: settings.concurrency,
+        api_limit,
+        interval,
+        grace,
+        registration_wall,
+        approved,
+        usable,
+        registration_cpu,
+        writes,
+        heartbeats,
+        heartbeat_failures: fleet.stats.failures(),
+        steady_cpu,
+        leader_rss,
+        leader_peak_rss,
+        detection,
+        join_visible,
+        leave_visible,
+    }
+}
+
+/// The API server's sustained rate of small writes: 32 writers, each updating its own Lease
+/// (a ~300-byte object, like an announce) as fast as the API server answers, for `window`.
+pub async fn write_limit(admin: &Client, window: Duration) -> f64 {
+    const WRITERS: usize = 32;
+    let api = Api::<Lease>::namespaced(admin.clone(), "default");
+    for i in 0..WRITERS {
+        let lease: Lease = serde_json::from_value(json!({"metadata": {"name": format!("bench-{i}")},
+                                                          "spec": {"holderIdentity": "bench"}}))
+        .expect("lease");
+        api.create(&PostParams::default(), &lease)
+            .await
+            .expect("create lease");
+    }
+    let deadline = Instant::now() + window;
+    let started = Instant::now();
+    let counts = futures::future::join_all((0..WRITERS).map(|i| {
+        let api = api.clone();
+        async move {
+            let mut done = 0u64;
+            while Instant::now() < deadline {
+                // NB: a changed field, so that every patch is a real write to etcd.
+                let body = json!({"spec": {"leaseTransitions": done + 1}});
+                match api
+                    .patch(
+                        &format!("bench-{i}"),
+                        &PatchParams::default(),
+                        &Patch::Merge(body),
+                    )
+                    .await
+                {
+                    Ok(_) => done += 1,
+                    Err(e) => panic!("Lease update failed: {e}"),
+                }
+            }
+            done
+        }
+    }))
+    .await;
+    let rate = counts.iter().sum::<u64>() as f64 / started.elapsed().as_secs_f64();
+    for i in 0..WRITERS {
+        let _ = api.delete(&format!("bench-{i}"), &Default::default()).await;
+    }
+    rate
+}
+
+type Approvals = Arc<Mutex<HashMap<String, (Instant, Option<Instant>)>>>;
+
+/// Records, by cluster name, when each request is first seen and when it is first seen Approved.
+fn watch_approvals(admin: &Client) -> Approvals {
+    let seen: Approvals = Arc::default();
+    let out = seen.clone();
+    let api = Api::<ClusterRegistrationRequest>::namespaced(admin.clone(), HOME);
+    tokio::spawn(async move {
+        let mut events = watcher(api, watcher::Config::default()).applied_objects().boxed();
+        while let Ok(Some(r)) = events.try_next().await {
+            let now = Instant::now();
+            let mut seen = seen.lock().expect("approvals");
+            let entry = seen.entry(r.spec.cluster_name.clone()).or_insert((now, None));
+            if entry.1.is_none() && r.status.as_ref().map(|s| s.result) == Some(RegistrationResult::Approved)
+            {
+                entry.1 = Some(now);
+            }
+        }
+    });
+    out
+}
+
+async fn set_counts(admin: &Client) -> Option<(usize, usize)> {
+    let set = Api::<ClusterSet>::namespaced(admin.clone(), HOME)
+        .get(SET)
+        .await
+        .ok()?;
+    let m = set.status?.members?;
+    Some((m.total as usize, m.ready as usize))
+}
+
+async fn wait_for_counts(admin: &Client, total: usize, ready: usize, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let now = set_counts(admin).await;
+        if now == Some((total, ready)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ClusterSet counts {now:?}, want total {total} ready {ready} within {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn wait_total(admin: &Client, total: usize, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let now = set_counts(admin).await;
+        if now.map(|c| c.0) == Some(total) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ClusterSet counts {now:?}, want total {total} within {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn wait_ready_unknown(admin: &Client, ns: &str, name: &str, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    let api = Api::<ManagedCluster>::namespaced(admin.clone(), ns);
+    loop {
+        let unknown = api.get(name).await.ok().is_some_and(|mc| {
+            mc.status
+                .iter()
+                .flat_map(|s| &s.conditions)
+                .any(|c| c.type_ == "Ready" && c.status == "Unknown")
+        });
+        if unknown {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{ns}/{name} not Ready=Unknown within {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The processes whose CPU is measured.
+fn processes(leader: &LeaderSide) -> Vec<(&'static str, u32)> {
+    let mut out = vec![("tether leader", leader.controller.pid())];
+    for p in ["kube-apiserver", "etcd", "kube-controller-manager"] {
+        if let Some(pid) = leader.cluster.pid(p) {
+            out.push((p, pid));
+        }
+    }
+    out.push(("tether-sim (all members)", std::process::id()));
+    out
+}
+
+/// CPU time of processes at one instant.
+struct Cpu {
+    at: Instant,
+    ticks: Vec<u64>,
+}
+
+impl Cpu {
+    fn sample(procs: &[(&'static str, u32)]) -> Self {
+        Self {
+            at: Instant::now(),
+            ticks: procs.iter().map(|(_, pid)| cpu_ticks(*pid)).collect(),
+        }
+    }
+
+    /// CPU used since the sample, as a share of one core, by process.
+    fn shares(&self, procs: &[(&'static str, u32)]) -> BTreeMap<&'static str, f64> {
+        let secs = self.at.elapsed().as_secs_f64();
+        procs
+            .iter()
+            .zip(&self.ticks)
+            .map(|((name, pid), before)| {
+                let used = cpu_ticks(*pid).saturating_sub(*before) as f64 / CLOCK_TICKS;
+                (*name, used / secs)
+            })
+            .collect()
+    }
+}
+
+/// `USER_HZ`: Linux reports process times in 1/100 s.
+const CLOCK_TICKS: f64 = 100.0;
+
+/// utime + stime of `pid`, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // NB: the command name (field 2) may contain spaces; fields after its ')' are fixed.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let get = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    // utime and stime are fields 14 and 15, i.e. 11 and 12 after the ')'.
+    get(11) + get(12)
+}
+
+/// A memory figure (`VmRSS`, `VmHWM`) of `pid` in MiB.
+fn rss_mib(pid: u32, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(&format!("{field}:")))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kib| kib.parse::<f64>().ok())
+        .map(|kib| kib / 1024.0)
+        .unwrap_or(0.0)
+}
+
+/// `apiserver_request_total` of write verbs, by `resource[/subresource]`.
+async fn request_counts(admin: &Client) -> BTreeMap<String, f64> {
+    let req = http::Request::get("/metrics").body(vec![]).expect("request");
+    let text = admin.request_text(req).await.expect("API server /metrics");
+    parse_request_counts(&text)
+}
+
+/// Sums `apiserver_request_total` samples of write verbs by `resource[/subresource]`.
+pub fn parse_request_counts(text: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+        let Some((labels, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let labels: HashMap<&str, &str> = labels
+            .trim_start_matches("apiserver_request_total{")
+            .trim_end_matches('}')
+            .split("\",")
+            .filter_map(|kv| kv.split_once("=\""))
+            .map(|(k, v)| (k, v.trim_end_matches('"')))
+            .collect();
+        let label = |name: &str| labels.get(name).copied().unwrap_or_default();
+        if !matches!(
+            label("verb"),
+            "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE" | "DELETECOLLECTION"
+        ) {
+            continue;
+        }
+        let mut what = label("resource").to_string();
+        if !label("subresource").is_empty() {
+            what = format!("{what}/{}", label("subresource"));
+        }
+        *out.entry(what).or_default() += value.parse::<f64>().unwrap_or(0.0);
+    }
+    out
+}
+
+/// Writes per second between two counts, by benchmark kind.
+fn classify(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    secs: f64,
+) -> BTreeMap<String, f64> {
+    let mut out: BTreeMap<String, f64> = [ANNOUNCE, MANAGED_CLUSTER_STATUS, CLUSTER_SET_STATUS, OTHER]
+        .into_iter()
+        .map(|k| (k.to_string(), 0.0))
+        .collect();
+    for (what, n) in after {
+        let delta = n - before.get(what).copied().unwrap_or(0.0);
+        let kind = match what.as_str() {
+            "memberclusterannounces" => ANNOUNCE,
+            "managedclusters/status" => MANAGED_CLUSTER_STATUS,
+            "clustersets/status" => CLUSTER_SET_STATUS,
+            _ => OTHER,
+        };
+        *out.entry(kind.to_string()).or_default() += delta / secs;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_counts_keep_writes_by_resource() {
+        let text = r#"# HELP apiserver_request_total x
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="multicluster.tether.dev",resource="memberclusterannounces",scope="resource",subresource="",verb="PATCH",version="v1alpha1"} 40
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="namespaces",scope="cluster",subresource="",verb="LIST",version="v1"} 7
+apiserver_request_total{code="201",component="apiserver",dry_run="",group="multicluster.tether.dev",resource="managedclusters",scope="resource",subresource="status",verb="APPLY",version="v1alpha1"} 3
+apiserver_request_total{code="409",component="apiserver",dry_run="",group="multicluster.tether.dev",resource="memberclusterannounces",scope="resource",subresource="",verb="PATCH",version="v1alpha1"} 2
+"#;
+        let counts = parse_request_counts(text);
+        assert_eq!(counts.get("memberclusterannounces"), Some(&42.0));
+        assert_eq!(counts.get("managedclusters/status"), Some(&3.0));
+        assert_eq!(counts.get("namespaces"), None, "reads are not writes");
+        let before = BTreeMap::from([("memberclusterannounces".to_string(), 2.0)]);
+        let kinds = classify(&before, &counts, 2.0);
+        assert_eq!(kinds[ANNOUNCE], 20.0);
+        assert_eq!(kinds[MANAGED_CLUSTER_STATUS], 1.5);
+        assert_eq!(kinds[OTHER], 0.0);
+    }
+}
