@@ -3,7 +3,7 @@ SHELL := /usr/bin/env bash
 CARGO ?= cargo
 export CARGO_TERM_PROGRESS_WHEN ?= auto
 
-.PHONY: help demo demo-down tools generate check-generated fmt lint build test bench-leader bench-agent image-check clean-tools
+.PHONY: help demo demo-down tools generate check-generated fmt lint build test bench bench-leader bench-agent image-check clean-tools
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -49,6 +49,10 @@ test: tools check-generated lint ## Everything CI checks: tools, generated files
 	@set -o pipefail; $(CARGO) test --locked --workspace --no-fail-fast 2>&1 | tee target/test-output.log; \
 	  rc=$$?; awk '/^test result:/ {p += $$4; f += $$6} END {printf "\ntests: %d passed, %d failed\n", p, f}' \
 	  target/test-output.log; exit $$rc
+
+bench: tools ## Benchmark: one leader against N simulated members (N="100 1000 5000 10000" by default; tens of minutes)
+	$(CARGO) build --locked --release -p tether-controller
+	TETHER_BIN_DIR=$(CURDIR)/target/release $(CARGO) run --locked --release -q -p tether-e2e --example scale_bench -- $(N)
 
 bench-leader: tools ## Benchmark: request→Approved p50/p99 and leader writes per registration (N=200)
 	$(CARGO) run --locked --release -q -p tether-e2e --example approval_bench -- 200 10

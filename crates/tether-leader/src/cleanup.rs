@@ -65,6 +65,14 @@ pub async fn remove_member(
             delete(ctx, &requests, &req.name_any()).await?;
         }
     }
+    // NB: the ManagedCluster first, so the set's status drops the member at once; the namespace
+    // controller would take seconds to reach it.
+    delete(
+        ctx,
+        &Api::<ManagedCluster>::namespaced(ctx.client.clone(), &namespace),
+        &name,
+    )
+    .await?;
     delete(ctx, &Api::<Namespace>::all(ctx.client.clone()), &namespace).await?;
     ctx.health.forget(&key(mc));
     ctx.metrics.member_removed(why.reason());
