@@ -208,17 +208,35 @@ fn on_gaining(leader: watch::Receiver<bool>) -> impl Stream<Item = ()> + Send + 
     })
 }
 
+/// Drops what no controller reads from a cached object: `managedFields` is the bulk of a small
+/// object's memory (a JSON tree per field manager), and caches hold one object per member.
+fn slim<K: kube::Resource>(o: &mut K) {
+    o.meta_mut().managed_fields = None;
+}
+
 /// Runs the leader's controllers until `shutdown` is cancelled.
 pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
     let cfg = controller::Config::default().concurrency(16);
 
     // Registration requests: the primary of the registration controller; its cache counts Pending.
-    let registration = Controller::new(
-        Api::<ClusterRegistrationRequest>::all(client.clone()),
-        watcher::Config::default(),
+    // NB: cached without the sealed credential, which the leader never reads back.
+    let (requests, requests_writer) = reflector::store();
+    let requests_stream = reflector::reflector(
+        requests_writer,
+        watcher(
+            Api::<ClusterRegistrationRequest>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .modify(|r: &mut ClusterRegistrationRequest| {
+            slim(r);
+            if let Some(status) = r.status.as_mut() {
+                status.credential = None;
+            }
+        }),
     )
-    .with_config(cfg.clone());
-    let requests = registration.store();
+    .default_backoff()
+    .touched_objects();
+    let registration = Controller::for_stream(requests_stream, requests.clone()).with_config(cfg.clone());
 
     // ClusterSets: the primary of the set controller; status is debounced, so a burst of member
     // changes becomes one write.
@@ -232,7 +250,7 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
     let (clusters, clusters_writer) = reflector::store();
     let clusters_stream = reflector::reflector(
         clusters_writer,
-        watcher(Api::<ManagedCluster>::all(client.clone()), selector.clone()),
+        watcher(Api::<ManagedCluster>::all(client.clone()), selector.clone()).modify(slim),
     )
     .default_backoff()
     .touched_objects();
@@ -242,7 +260,8 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         watcher(
             Api::<MemberClusterAnnounce>::all(client.clone()),
             selector.clone(),
-        ),
+        )
+        .modify(slim),
     )
     .default_backoff()
     .touched_objects();

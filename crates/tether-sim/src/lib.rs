@@ -23,6 +23,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::Api;
 use kube::client::ConfigExt;
+use kube::client::retry::RetryPolicy;
 use tether_agent::discovery::{self, Trust};
 use tether_agent::register::{Registration, Target, register};
 use tether_agent::report::{Report, summarize, write_status};
@@ -30,6 +31,7 @@ use tether_agent::session::{beat, jittered};
 use tether_api::managedcluster::ApiServerHealth;
 use tether_api::{ManagedCluster, MemberClusterAnnounce};
 use tokio_util::sync::CancellationToken;
+use tower::retry::RetryLayer;
 use tower::{BoxError, ServiceBuilder};
 
 /// What can go wrong.
@@ -182,8 +184,14 @@ fn client(url: &str, trust: &Trust, http: &Http, token: &str) -> Result<Client, 
         op: "build auth layer",
         source,
     })?;
+    // NB: the same stack as the agent's `Client::try_from(config)`, retries of 429/503/504
+    // (honouring Retry-After) included; only the connection pool is shared.
+    let retry = config
+        .default_retry
+        .then(|| RetryLayer::new(RetryPolicy::server_retry()));
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
+        .option_layer(retry)
         .option_layer(auth)
         .map_err(BoxError::from)
         .service(http.clone());
