@@ -220,6 +220,42 @@ fn leader_client(spec: &MemberSpec, trust: &Trust, s: &Stored) -> Result<Client,
     })
 }
 
+/// How long 403s are taken for RBAC still on its way rather than a revoked identity. The leader
+/// binds the member's Role before it approves, but each API server authorizes from a cache fed
+/// by a watch, which lags under load (seen at 1,000 simultaneous registrations).
+pub const RBAC_SETTLE: Duration = Duration::from_secs(30);
+
+/// Tells a 403 that may still pass (within `RBAC_SETTLE` of the first one in a row) from one
+/// that means the leader took the grant away.
+#[derive(Debug, Default)]
+pub struct Forbidden {
+    since: Option<Instant>,
+}
+
+impl Forbidden {
+    /// Whether `e` is a 403 to retry; any other outcome starts the count again.
+    pub fn tolerate(&mut self, e: &kube::Error) -> bool {
+        self.tolerate_at(e, Instant::now())
+    }
+
+    fn tolerate_at(&mut self, e: &kube::Error, now: Instant) -> bool {
+        match e {
+            kube::Error::Api(s) if s.code == 403 => {
+                now.saturating_duration_since(*self.since.get_or_insert(now)) < RBAC_SETTLE
+            }
+            _ => {
+                self.since = None;
+                false
+            }
+        }
+    }
+
+    /// A call succeeded.
+    pub fn clear(&mut self) {
+        self.since = None;
+    }
+}
+
 /// A credential error: the leader no longer accepts this identity.
 fn rejected(op: &'static str, e: kube::Error) -> Error {
     match &e {
@@ -262,11 +298,13 @@ async fn heartbeat(
 ) -> Result<(), Error> {
     let mut interval = Duration::from_secs(10);
     let mut failures: u32 = 0;
+    let mut forbidden = Forbidden::default();
     loop {
         let api = Api::<MemberClusterAnnounce>::namespaced(client.borrow().clone(), ns);
         let now = Timestamp::now();
         match beat(&api, name, now).await {
             Ok(next) => {
+                forbidden.clear();
                 sh.ctx.metrics.heartbeat(true);
                 failures = 0;
                 interval = next;
@@ -294,8 +332,9 @@ async fn heartbeat(
                 .await;
             }
             Err(e) => {
+                let settling = forbidden.tolerate(&e);
                 let err = rejected("heartbeat", e);
-                if matches!(err, Error::CredentialRejected(_)) {
+                if matches!(err, Error::CredentialRejected(_)) && !settling {
                     return Err(err);
                 }
                 sh.ctx.metrics.heartbeat(false);
@@ -343,6 +382,7 @@ async fn report(
     let _ = nodes.wait_until_ready().await;
 
     let mut last: Option<Report> = None;
+    let mut forbidden = Forbidden::default();
     let mut last_write = Instant::now();
     loop {
         let next = observe(&member, &nodes).await;
@@ -351,13 +391,15 @@ async fn report(
             let api = Api::<ManagedCluster>::namespaced(client.borrow().clone(), ns);
             match crate::report::write_status(&api, name, &next, &sh.ctx.api_server_url).await {
                 Ok(()) => {
+                    forbidden.clear();
                     sh.ctx.metrics.status_write();
                     last = Some(next);
                     last_write = Instant::now();
                 }
                 Err(e) => {
+                    let settling = forbidden.tolerate(&e);
                     let err = rejected("report status", e);
-                    if matches!(err, Error::CredentialRejected(_)) {
+                    if matches!(err, Error::CredentialRejected(_)) && !settling {
                         return Err(err);
                     }
                     warn!(
@@ -529,5 +571,34 @@ async fn update(sh: &Arc<Shared>, change: impl FnOnce(&mut View)) {
             error = &e as &dyn std::error::Error,
             "Cannot write the member ClusterSet status"
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("refused", "Forbidden")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn forbidden_is_tolerated_only_while_rbac_may_still_be_settling() {
+        let t0 = Instant::now();
+        let mut f = Forbidden::default();
+        assert!(f.tolerate_at(&status(403), t0));
+        assert!(f.tolerate_at(&status(403), t0 + RBAC_SETTLE - Duration::from_secs(1)));
+        assert!(!f.tolerate_at(&status(403), t0 + RBAC_SETTLE), "a 403 that lasts is a revoked grant");
+        // Another answer in between starts the window again.
+        let t1 = t0 + RBAC_SETTLE * 2;
+        assert!(!f.tolerate_at(&status(500), t1));
+        assert!(f.tolerate_at(&status(403), t1 + Duration::from_secs(1)));
+        assert!(!f.tolerate_at(&status(401), t1), "401 is never tolerated");
+        f.clear();
+        assert!(f.tolerate_at(&status(403), t1 + RBAC_SETTLE * 3));
     }
 }

@@ -27,7 +27,7 @@ use kube::client::retry::RetryPolicy;
 use tether_agent::discovery::{self, Trust};
 use tether_agent::register::{Registration, Target, register};
 use tether_agent::report::{Report, summarize, write_status};
-use tether_agent::session::{beat, jittered};
+use tether_agent::session::{Forbidden, beat, jittered};
 use tether_api::managedcluster::ApiServerHealth;
 use tether_api::{ManagedCluster, MemberClusterAnnounce};
 use tokio_util::sync::CancellationToken;
@@ -170,7 +170,21 @@ impl Fleet {
             interval: Duration::from_secs(10),
             stats: self.stats.clone(),
         };
-        member.interval = member.beat().await?;
+        // As the agent does: a fresh credential's 403 may be RBAC still reaching the authorizer.
+        let mut forbidden = Forbidden::default();
+        member.interval = loop {
+            match beat(&member.announce, &member.name, Timestamp::now()).await {
+                Ok(interval) => break interval,
+                Err(e) if forbidden.tolerate(&e) => tokio::time::sleep(Duration::from_secs(1)).await,
+                Err(source) => {
+                    return Err(Error::Leader {
+                        op: "first heartbeat",
+                        source,
+                    });
+                }
+            }
+        };
+        member.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
         let usable = started.elapsed();
         member.report().await?;
         Ok((member, Timings { registered, usable }))
