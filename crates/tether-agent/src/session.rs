@@ -592,7 +592,10 @@ mod tests {
         let mut f = Forbidden::default();
         assert!(f.tolerate_at(&status(403), t0));
         assert!(f.tolerate_at(&status(403), t0 + RBAC_SETTLE - Duration::from_secs(1)));
-        assert!(!f.tolerate_at(&status(403), t0 + RBAC_SETTLE), "a 403 that lasts is a revoked grant");
+        assert!(
+            !f.tolerate_at(&status(403), t0 + RBAC_SETTLE),
+            "a 403 that lasts is a revoked grant"
+        );
         // Another answer in between starts the window again.
         let t1 = t0 + RBAC_SETTLE * 2;
         assert!(!f.tolerate_at(&status(500), t1));

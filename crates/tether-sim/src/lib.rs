@@ -323,24 +323,25 @@ fn synthetic_node() -> Node {
     }
 }
 
-/// Joins the members `names`, `concurrency` at a time, calling `progress(joined)` after each.
-/// Stops at the first failure and returns it.
+/// Joins the members `names`, `concurrency` at a time, handing each to `joined` as soon as it
+/// is in (so that it can start heartbeating at once, as an agent does). Stops at the first
+/// failure and returns it; otherwise returns how many joined.
 pub async fn join_all(
     fleet: &Fleet,
     names: Vec<String>,
     concurrency: usize,
-    progress: impl Fn(usize),
-) -> Result<Vec<(Member, Timings)>, Error> {
+    mut joined: impl FnMut(Member, Timings),
+) -> Result<usize, Error> {
     use futures::{StreamExt, TryStreamExt};
-    let mut joined = Vec::with_capacity(names.len());
+    let mut count = 0;
     let mut stream = futures::stream::iter(names)
         .map(|name| async move { fleet.join(&name).await })
         .buffer_unordered(concurrency.max(1));
-    while let Some(m) = stream.try_next().await? {
-        joined.push(m);
-        progress(joined.len());
+    while let Some((member, timings)) = stream.try_next().await? {
+        count += 1;
+        joined(member, timings);
     }
-    Ok(joined)
+    Ok(count)
 }
 
 /// The `p` quantile (0..=1) of sorted `values`, by the nearest-rank method.

@@ -82,7 +82,13 @@ async fn run(args: Args) -> Result<(), tether_sim::Error> {
     let names = (0..n).map(|i| format!("{}-{i:05}", args.prefix)).collect();
     let started = Instant::now();
     let step = (n / 20).max(1);
-    let joined = join_all(&fleet, names, args.concurrency as usize, |k| {
+    let cancel = CancellationToken::new();
+    let mut tasks = Vec::with_capacity(n);
+    let mut usable = Vec::with_capacity(n);
+    join_all(&fleet, names, args.concurrency as usize, |member, timings| {
+        tasks.push(tokio::spawn(member.heartbeat_until(cancel.clone())));
+        usable.push(timings.usable);
+        let k = usable.len();
         if k % step == 0 || k == n {
             info!(
                 joined = k,
@@ -94,7 +100,6 @@ async fn run(args: Args) -> Result<(), tether_sim::Error> {
     })
     .await?;
     let wall = started.elapsed();
-    let mut usable: Vec<Duration> = joined.iter().map(|(_, t)| t.usable).collect();
     usable.sort();
     println!(
         "registered {n} members in {:.1}s ({:.1}/s); request → usable credential p50 {:.0} ms, p99 {:.0} ms",
@@ -104,11 +109,6 @@ async fn run(args: Args) -> Result<(), tether_sim::Error> {
         quantile(&usable, 0.99).as_secs_f64() * 1000.0
     );
 
-    let cancel = CancellationToken::new();
-    let tasks: Vec<_> = joined
-        .into_iter()
-        .map(|(m, _)| tokio::spawn(m.heartbeat_until(cancel.clone())))
-        .collect();
     let stats = fleet.stats.clone();
     let report = {
         let stats = Arc::clone(&stats);
