@@ -42,8 +42,8 @@ build: ## Build every crate
 	$(CARGO) build --locked --workspace --all-targets
 
 test: tools check-generated lint ## Everything CI checks: tools, generated files, lints, unit and real-cluster tests
-	@echo "== cargo build -p tether-controller -p tether-cli (the e2e tests run the real binaries)"
-	$(CARGO) build --locked -p tether-controller -p tether-cli
+	@echo "== cargo build -p tether-controller -p tether-cli -p tether-sim (the e2e tests run the real binaries)"
+	$(CARGO) build --locked -p tether-controller -p tether-cli -p tether-sim
 	@echo "== cargo test (real control planes: etcd + kube-apiserver + kube-controller-manager)"
 	@mkdir -p target
 	@set -o pipefail; $(CARGO) test --locked --workspace --no-fail-fast 2>&1 | tee target/test-output.log; \

@@ -74,6 +74,10 @@ pub struct Outcome {
     pub heartbeats: f64,
     /// Heartbeats that failed during the whole run.
     pub heartbeat_failures: u64,
+    /// Failed leader reconciles over the run (each retried).
+    pub reconcile_errors: u64,
+    /// The slowest approvals: (member, position in creation order, latency).
+    pub slowest: Vec<(String, usize, Duration)>,
     /// CPU share of one core at steady state, by process.
     pub steady_cpu: BTreeMap<&'static str, f64>,
     /// Leader RSS at the end of the steady window (MiB).
@@ -173,6 +177,18 @@ impl Outcome {
             "last join → all members Ready in the set status",
             s(self.all_ready),
             "Ready needs the first heartbeat seen; status debounced 1 s".into(),
+        );
+        row(
+            "leader reconcile errors (retried)",
+            self.reconcile_errors.to_string(),
+            format!(
+                "slowest approvals (creation order, latency): {}",
+                self.slowest
+                    .iter()
+                    .map(|(_, i, d)| format!("#{i} {:.1} s", d.as_secs_f64()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         );
         row(
             "heartbeats sent",
@@ -355,6 +371,22 @@ pub async fn run(settings: &Settings) -> Outcome {
             })
             .collect()
     };
+    let slowest = {
+        let seen = approvals.lock().expect("approvals");
+        let mut order: Vec<(&String, Instant, Duration)> = seen
+            .iter()
+            .filter_map(|(name, (c, a))| a.map(|a| (name, *c, a.saturating_duration_since(*c))))
+            .collect();
+        order.sort_by_key(|(_, created, _)| *created);
+        let mut by_latency: Vec<(String, usize, Duration)> = order
+            .iter()
+            .enumerate()
+            .map(|(i, (name, _, d))| ((*name).clone(), i, *d))
+            .collect();
+        by_latency.sort_by_key(|(_, _, d)| std::cmp::Reverse(*d));
+        by_latency.truncate(5);
+        by_latency
+    };
     approved.sort();
     assert_eq!(approved.len(), n, "the watch saw every request approved");
     let silent = silent.expect("at least one member");
@@ -409,6 +441,20 @@ pub async fn run(settings: &Settings) -> Outcome {
         let _ = t.await;
     }
     let log = leader.controller.log();
+    let (_, metrics) = leader
+        .controller
+        .admin_get("/metrics")
+        .await
+        .expect("leader /metrics");
+    let reconcile_errors = metrics
+        .lines()
+        .filter(|l| l.starts_with("tether_leader_reconcile_errors_total{"))
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum::<f64>() as u64;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/scale-bench");
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::write(dir.join(format!("leader-{n}.log")), &log);
+    let _ = std::fs::write(dir.join(format!("leader-{n}.metrics")), &metrics);
     assert!(
         !log.contains("forbidden"),
         "the leader was refused something:\n{}",
@@ -428,6 +474,8 @@ pub async fn run(settings: &Settings) -> Outcome {
         writes,
         heartbeats,
         heartbeat_failures: fleet.stats.failures(),
+        reconcile_errors,
+        slowest,
         steady_cpu,
         leader_rss,
         leader_peak_rss,

@@ -6,7 +6,14 @@
 
 use std::time::Duration;
 
+use kube::api::Api;
+use serde_json::json;
+use tether_api::ClusterRegistrationRequest;
+use tether_e2e::fleet;
 use tether_e2e::scale::{Settings, run};
+use tether_e2e::sim::{HOME, SET, wait_counts};
+use tether_testkit::BootstrapToken;
+use tether_testkit::controller::binary;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_benchmark_smoke_run() {
@@ -55,4 +62,71 @@ async fn scale_benchmark_smoke_run() {
         o.steady_cpu.contains_key("tether leader") && o.steady_cpu.contains_key("kube-apiserver"),
         "{table}"
     );
+}
+
+/// The `tether-sim` binary against a leader process: a wrong pin sends nothing and says so;
+/// then five members join, heartbeat and leave again with `--leave`.
+#[tokio::test]
+async fn tether_sim_binary_joins_heartbeats_and_leaves() {
+    let leader = fleet::leader(
+        "sim-binary",
+        json!({"heartbeatInterval": "2s", "gracePeriod": "8s"}),
+    )
+    .await;
+    let token = BootstrapToken::random();
+    token
+        .create(
+            &leader.admin,
+            &[&format!("system:bootstrappers:tether:{SET}")],
+            None,
+        )
+        .await
+        .expect("join token");
+    let sim = |pin: &str, extra: &[&str]| {
+        let mut cmd = std::process::Command::new(binary("tether-sim").expect("tether-sim binary"));
+        cmd.args(["--leader-url", leader.cluster.url(), "--ca-cert-hash", pin])
+            .args(["--members", "5", "--prefix", "bin"])
+            .args(extra)
+            .env("TETHER_JOIN_TOKEN", token.token());
+        cmd
+    };
+
+    let wrong = format!("sha256:{}", "0".repeat(64));
+    let out = sim(&wrong, &[]).output().expect("run tether-sim");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&wrong), "names the pin it expected: {stderr}");
+    let requests = Api::<ClusterRegistrationRequest>::namespaced(leader.admin.clone(), HOME)
+        .list(&Default::default())
+        .await
+        .expect("list requests");
+    assert!(requests.items.is_empty(), "a wrong pin sends no request");
+
+    let child = sim(leader.cluster.ca_cert_hash(), &["--duration", "6s", "--leave"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start tether-sim");
+    wait_counts(&leader.admin, (5, 5, 0, 0), Duration::from_secs(60)).await;
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("join")
+        .expect("tether-sim output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("registered 5 members"), "{stdout}");
+    assert!(stdout.contains("left: 5 members, 0 failed"), "{stdout}");
+    let accepted: u64 = stdout
+        .split("heartbeats: ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("heartbeat count");
+    // Five members, one beat at join, then one every 2 s ± 10% for 6 s.
+    assert!(accepted >= 10, "{stdout}");
+    wait_counts(&leader.admin, (0, 0, 0, 0), Duration::from_secs(60)).await;
 }

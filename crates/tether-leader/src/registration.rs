@@ -38,6 +38,12 @@ pub async fn reconcile(req: Arc<ClusterRegistrationRequest>, ctx: Arc<Context>) 
     if status.result != RegistrationResult::Pending || !ctx.is_leader() {
         return Ok(Action::await_change());
     }
+    // First come, first served: tokio's semaphore is fair.
+    let _slot = ctx
+        .provisioning
+        .acquire()
+        .await
+        .map_err(|_| Error::Invariant("the provisioning semaphore is never closed"))?;
     let _timer = ctx.metrics.reconcile_timer("registration");
     let ns = req.namespace().unwrap_or_default();
     let set = set_in(&ctx.sets, &ns).or_else(|| {
