@@ -18,11 +18,11 @@ use serde_json::json;
 use tether_api::registration::RegistrationResult;
 use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster};
 use tether_sim::{Fleet, Join, join_all, quantile};
-use tether_testkit::{BootstrapToken, TestCluster};
+use tether_testkit::TestCluster;
 use tokio_util::sync::CancellationToken;
 
 use crate::fleet::{LeaderSide, leader_on};
-use crate::sim::{HOME, SET};
+use crate::sim::{HOME, SET, join_token};
 
 /// Heartbeat intervals the benchmark chooses from (seconds).
 const INTERVALS: [u64; 10] = [10, 15, 20, 30, 45, 60, 90, 120, 180, 300];
@@ -290,15 +290,7 @@ pub async fn run(settings: &Settings) -> Outcome {
     let leader_pid = leader.controller.pid();
     let procs = processes(&leader);
 
-    let token = BootstrapToken::random();
-    token
-        .create(
-            &leader.admin,
-            &[&format!("system:bootstrappers:tether:{SET}")],
-            None,
-        )
-        .await
-        .expect("join token");
+    let token = join_token(&leader.admin).await;
     let join = Join {
         leader_url: leader.cluster.url().to_string(),
         ca_cert_hash: leader.cluster.ca_cert_hash().to_string(),

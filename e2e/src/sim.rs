@@ -130,13 +130,19 @@ pub struct Joiner {
     pub public_key: String,
 }
 
-/// A new joiner with its own bootstrap token of the `prod` set.
-pub async fn joiner(cluster: &TestCluster, admin: &Client) -> Joiner {
+/// A new bootstrap token of the `prod` set.
+pub async fn join_token(admin: &Client) -> BootstrapToken {
     let token = BootstrapToken::random();
     token
-        .create(admin, &["system:bootstrappers:tether:prod"], None)
+        .create(admin, &[&format!("system:bootstrappers:tether:{SET}")], None)
         .await
         .expect("bootstrap token");
+    token
+}
+
+/// A new joiner with its own bootstrap token of the `prod` set.
+pub async fn joiner(cluster: &TestCluster, admin: &Client) -> Joiner {
+    let token = join_token(admin).await;
     let (identity, public_key) = tether_seal::generate_keypair();
     Joiner {
         client: cluster.client_with_token(&token.token()).expect("client"),

@@ -11,8 +11,7 @@ use serde_json::json;
 use tether_api::ClusterRegistrationRequest;
 use tether_e2e::fleet;
 use tether_e2e::scale::{Settings, run};
-use tether_e2e::sim::{HOME, SET, wait_counts};
-use tether_testkit::BootstrapToken;
+use tether_e2e::sim::{HOME, join_token, wait_counts};
 use tether_testkit::controller::binary;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -73,15 +72,7 @@ async fn tether_sim_binary_joins_heartbeats_and_leaves() {
         json!({"heartbeatInterval": "2s", "gracePeriod": "8s"}),
     )
     .await;
-    let token = BootstrapToken::random();
-    token
-        .create(
-            &leader.admin,
-            &[&format!("system:bootstrappers:tether:{SET}")],
-            None,
-        )
-        .await
-        .expect("join token");
+    let token = join_token(&leader.admin).await;
     let sim = |pin: &str, extra: &[&str]| {
         let mut cmd = std::process::Command::new(binary("tether-sim").expect("tether-sim binary"));
         cmd.args(["--leader-url", leader.cluster.url(), "--ca-cert-hash", pin])
