@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use serde_json::json;
 use tether_api::ClusterRegistrationRequest;
@@ -13,6 +14,7 @@ use tether_e2e::fleet;
 use tether_e2e::scale::{Settings, run};
 use tether_e2e::sim::{HOME, join_token, wait_counts};
 use tether_testkit::controller::binary;
+use tether_testkit::eventually;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_benchmark_smoke_run() {
@@ -73,6 +75,20 @@ async fn tether_sim_binary_joins_heartbeats_and_leaves() {
     )
     .await;
     let token = join_token(&leader.admin).await;
+    // The leader publishes its CA for anonymous discovery shortly after it starts.
+    let anonymous = leader.cluster.anonymous_client().expect("anonymous client");
+    eventually(
+        "cluster-info readable anonymously",
+        Duration::from_secs(30),
+        || async {
+            Api::<ConfigMap>::namespaced(anonymous.clone(), "kube-public")
+                .get("cluster-info")
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await;
     let sim = |pin: &str, extra: &[&str]| {
         let mut cmd = std::process::Command::new(binary("tether-sim").expect("tether-sim binary"));
         cmd.args(["--leader-url", leader.cluster.url(), "--ca-cert-hash", pin])
