@@ -176,7 +176,7 @@ impl Outcome {
         row(
             "last join → all members Ready in the set status",
             s(self.all_ready),
-            "Ready needs the first heartbeat seen; status debounced 1 s".into(),
+            "Ready needs the first heartbeat seen".into(),
         );
         row(
             "leader reconcile errors (retried)",
@@ -237,7 +237,7 @@ impl Outcome {
         row(
             "leave → ClusterSet status drops it",
             s(self.leave_visible),
-            "status is debounced 1 s".into(),
+            "set status is paced to once a second".into(),
         );
         t
     }

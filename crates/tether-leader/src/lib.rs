@@ -78,6 +78,8 @@ pub struct Context {
     pub synced: watch::Receiver<bool>,
     /// Registrations provisioned at once, handed out first come, first served.
     pub provisioning: tokio::sync::Semaphore,
+    /// Paces each set's status (`clusterset::STATUS_EVERY`).
+    pub status_throttle: clusterset::Throttle,
 }
 
 /// How many registrations are provisioned at once. Each takes three round trips; more in flight
@@ -265,10 +267,10 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
     let registration =
         Controller::for_stream(requests_stream, requests.clone()).with_config(cfg.clone().concurrency(0));
 
-    // ClusterSets: the primary of the set controller; status is debounced, so a burst of member
-    // changes becomes one write.
+    // ClusterSets: the primary of the set controller; status is throttled to once a second per
+    // set, so a burst of member changes becomes one write a second.
     let sets_ctl = Controller::new(Api::<ClusterSet>::all(client.clone()), watcher::Config::default())
-        .with_config(cfg.clone().debounce(Duration::from_secs(1)));
+        .with_config(cfg.clone());
     let sets = sets_ctl.store();
 
     // ManagedClusters and announces: one watch each, shared by the member controller's trigger
@@ -313,6 +315,7 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         leader: opts.leader.clone(),
         synced,
         provisioning: tokio::sync::Semaphore::new(PROVISIONING_SLOTS),
+        status_throttle: clusterset::Throttle::default(),
     });
 
     // A ClusterSet created or changed re-queues every request of its namespace.
