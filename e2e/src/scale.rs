@@ -148,22 +148,16 @@ impl Outcome {
                 ratio(self.throughput() * WRITES_PER_REGISTRATION)
             ),
         );
+        let p50_p99 =
+            |sorted: &[Duration]| format!("{} / {}", ms(quantile(sorted, 0.5)), ms(quantile(sorted, 0.99)));
         row(
             "request → Approved p50 / p99",
-            format!(
-                "{} / {}",
-                ms(quantile(&self.approved, 0.5)),
-                ms(quantile(&self.approved, 0.99))
-            ),
+            p50_p99(&self.approved),
             "seen by a watch on the leader".into(),
         );
         row(
             "request → usable credential p50 / p99",
-            format!(
-                "{} / {}",
-                ms(quantile(&self.usable, 0.5)),
-                ms(quantile(&self.usable, 0.99))
-            ),
+            p50_p99(&self.usable),
             "first heartbeat accepted; includes the agent's polling".into(),
         );
         for (who, share) in &self.registration_cpu {
