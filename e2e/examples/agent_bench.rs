@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use tether_e2e::fleet::{self, add_node, audit_events};
-use tether_testkit::{BootstrapToken, TestCluster};
+use tether_testkit::{BootstrapToken, CreateToken, TestCluster};
 
 const NODES: usize = 100;
 const WINDOW: Duration = Duration::from_secs(120);
@@ -64,7 +64,7 @@ async fn main() {
     let leader = fleet::leader("bench-agent-leader", json!({})).await;
     let token = BootstrapToken::random();
     token
-        .create(&leader.admin, &["system:bootstrappers:tether:prod"], None)
+        .create(&leader.admin, Some(&tether_e2e::sim::home()), None)
         .await
         .expect("token");
     let m = fleet::member("bench-member", &leader, &token, json!({})).await;
@@ -74,7 +74,10 @@ async fn main() {
     // Let it join, report the 100 nodes, and settle.
     tokio::time::sleep(Duration::from_secs(30)).await;
     let pid = m.agent.as_ref().expect("agent").pid();
-    let leader_user = "system:serviceaccount:tether-prod-bench-member:tether-agent";
+    let leader_user = &format!(
+        "system:serviceaccount:{}:tether-agent",
+        tether_e2e::sim::ns_of("bench-member")
+    );
     let member_user = "system:serviceaccount:tether-system:tether-agent";
     let (leader_before, _) = writes(&leader.cluster, leader_user, 0);
     let (member_before, _) = writes(&m.cluster, member_user, 0);

@@ -18,7 +18,7 @@ use tether_api::ClusterRegistrationRequest;
 use tether_api::registration::RegistrationResult;
 use tether_e2e::create_raw;
 use tether_e2e::sim::{HOME, Leader};
-use tether_testkit::{BootstrapToken, TestCluster};
+use tether_testkit::{BootstrapToken, CreateToken, TestCluster};
 
 const LEADER_USER: &str = "system:serviceaccount:tether-system:tether-leader";
 
@@ -37,7 +37,7 @@ async fn main() {
     let l = Leader::run_in(cluster, json!({})).await;
     let token = BootstrapToken::random();
     token
-        .create(&l.admin, &["system:bootstrappers:tether:prod"], None)
+        .create(&l.admin, Some(&tether_e2e::sim::home()), None)
         .await
         .expect("token");
     let joiner = l.cluster.client_with_token(&token.token()).expect("joiner");

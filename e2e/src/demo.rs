@@ -209,7 +209,7 @@ pub async fn up(root: Option<&Path>, members: &[(&str, usize)]) -> Sandbox {
     step(start, "waiting until every member is Ready at the leader");
     let leader_admin = leader.client().expect("admin");
     for (name, nodes) in members {
-        let mcs = Api::<ManagedCluster>::namespaced(leader_admin.clone(), &format!("tether-prod-{name}"));
+        let mcs = Api::<ManagedCluster>::namespaced(leader_admin.clone(), &crate::sim::ns_of(name));
         let want = format!("{nodes}/{nodes}");
         eventually(
             &format!("{name} Ready with {want} nodes"),

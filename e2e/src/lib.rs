@@ -141,44 +141,14 @@ pub async fn service_account_token_for(
     Ok(got.status.map(|s| s.token).unwrap_or_default())
 }
 
-/// The join RBAC `tether init` sets up for set `set` in its home namespace `ns`: the set's
-/// bootstrap group may create and get registration requests there, nothing else.
-pub async fn join_role(client: &Client, ns: &str, set: &str) -> Result<(), kube::Error> {
-    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
-    use kube::api::ObjectMeta;
-    let name = format!("tether-join-{set}");
-    let meta = ObjectMeta {
-        name: Some(name.clone()),
-        namespace: Some(ns.into()),
-        labels: Some([(tether_api::labels::CLUSTER_SET.to_string(), set.to_string())].into()),
-        ..Default::default()
-    };
-    let role = Role {
-        metadata: meta.clone(),
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec![tether_api::GROUP.into()]),
-            resources: Some(vec!["clusterregistrationrequests".into()]),
-            verbs: vec!["create".into(), "get".into()],
-            ..Default::default()
-        }]),
-    };
-    let binding = RoleBinding {
-        metadata: meta,
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name,
-        },
-        subjects: Some(vec![Subject {
-            kind: "Group".into(),
-            name: format!("system:bootstrappers:tether:{set}"),
-            ..Default::default()
-        }]),
-    };
-    Api::<Role>::namespaced(client.clone(), ns)
+/// The join RBAC of `set`, exactly as `tether init` creates it (the production builder).
+pub async fn join_role(client: &Client, set: &tether_api::SetRef) -> Result<(), kube::Error> {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let (role, binding) = tether_join::token::join_rbac(set);
+    Api::<Role>::namespaced(client.clone(), &set.namespace)
         .create(&PostParams::default(), &role)
         .await?;
-    Api::<RoleBinding>::namespaced(client.clone(), ns)
+    Api::<RoleBinding>::namespaced(client.clone(), &set.namespace)
         .create(&PostParams::default(), &binding)
         .await?;
     Ok(())

@@ -17,7 +17,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tether_api::registration::RegistrationResult;
 use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster};
-use tether_sim::{Fleet, Join, join_all, quantile};
+use tether_sim::{Fleet, Join, Member, join_all, quantile};
 use tether_testkit::TestCluster;
 use tokio_util::sync::CancellationToken;
 
@@ -259,12 +259,97 @@ const OTHER: &str = "other";
 /// Runs one benchmark; progress goes to stderr.
 pub async fn run(settings: &Settings) -> Outcome {
     let n = settings.members;
+    let setup = start(settings).await;
+    let (interval, grace) = (setup.interval, setup.grace);
+    let joined = register_all(settings, &setup).await;
+    let (approved, slowest) = approval_latencies(&setup.approvals, &joined.names);
+    assert_eq!(approved.len(), n, "the watch saw every request approved");
+    wait_for_counts(&setup.leader.admin, n, n, Duration::from_secs(600)).await;
+    let all_ready = joined.started.elapsed() - joined.registration_wall;
+
+    // One full interval first, so that every member's heartbeat phase is spread.
+    eprintln!(
+        "== [{n}] all Ready; settling {interval}s, then measuring the steady state for {:?}",
+        settings.steady
+    );
+    tokio::time::sleep(Duration::from_secs(interval)).await;
+    let steady = measure_steady(settings, &setup).await;
+
+    eprintln!("== [{n}] silencing one member");
+    joined.silent_cancel.cancel();
+    let silent = joined.silent.await.expect("silent member task");
+    silent.beat().await.expect("last heartbeat");
+    let last = Instant::now();
+    wait_ready_unknown(
+        &setup.leader.admin,
+        &silent.namespace,
+        &silent.name,
+        Duration::from_secs(grace * 2 + 60),
+    )
+    .await;
+    let detection = last.elapsed();
+
+    eprintln!("== [{n}] one more member joins, then leaves");
+    let t0 = Instant::now();
+    let (late, _) = setup.fleet.join("sim-late").await.expect("late member joins");
+    wait_total(&setup.leader.admin, n + 1, Duration::from_secs(120)).await;
+    let join_visible = t0.elapsed();
+    let t0 = Instant::now();
+    late.leave().await.expect("late member leaves");
+    wait_total(&setup.leader.admin, n, Duration::from_secs(120)).await;
+    let leave_visible = t0.elapsed();
+    let leader_peak_rss = rss_mib(setup.leader.controller.pid(), "VmHWM");
+
+    joined.cancel.cancel();
+    for t in joined.tasks {
+        let _ = t.await;
+    }
+    let reconcile_errors = keep_leader_output(&setup.leader, n).await;
+    Outcome {
+        members: n,
+        concurrency: settings.concurrency,
+        api_limit: setup.api_limit,
+        interval,
+        grace,
+        registration_wall: joined.registration_wall,
+        approved,
+        usable: joined.usable,
+        registration_cpu: joined.registration_cpu,
+        all_ready,
+        writes: steady.writes,
+        heartbeats: steady.heartbeats,
+        heartbeat_failures: setup.fleet.stats.failures(),
+        reconcile_errors,
+        slowest,
+        steady_cpu: steady.cpu,
+        leader_rss: steady.leader_rss,
+        leader_peak_rss,
+        detection,
+        join_visible,
+        leave_visible,
+    }
+}
+
+/// A leader under test, its process list, the fleet that joins it, and the approval watch.
+struct Setup {
+    leader: LeaderSide,
+    procs: Vec<(&'static str, u32)>,
+    fleet: Fleet,
+    approvals: Approvals,
+    api_limit: f64,
+    interval: u64,
+    grace: u64,
+}
+
+/// Starts the control plane, measures its write limit, picks the heartbeat interval from it,
+/// starts the leader and connects a fleet (the leader publishes its CA shortly after it starts).
+async fn start(settings: &Settings) -> Setup {
+    let n = settings.members;
     let cluster = TestCluster::builder(&format!("scale-{n}"))
         .start()
         .await
         .expect("control plane");
     let admin = cluster.client().expect("admin");
-
     eprintln!(
         "== [{n}] measuring the API server's limit for small writes ({:?})",
         settings.limit_window
@@ -281,9 +366,7 @@ pub async fn run(settings: &Settings) -> Outcome {
     let leader_spec =
         json!({"heartbeatInterval": format!("{interval}s"), "gracePeriod": format!("{grace}s")});
     let leader = leader_on(cluster, Some(leader_spec)).await;
-    let leader_pid = leader.controller.pid();
     let procs = processes(&leader);
-
     let token = join_token(&leader.admin).await;
     let join = Join {
         leader_url: leader.cluster.url().to_string(),
@@ -292,7 +375,6 @@ pub async fn run(settings: &Settings) -> Outcome {
         namespace: HOME.into(),
         registration_timeout: Duration::from_secs(900),
     };
-    // The leader publishes its CA for anonymous discovery shortly after it starts.
     let deadline = Instant::now() + Duration::from_secs(30);
     let fleet = loop {
         match Fleet::connect(join.clone()).await {
@@ -305,16 +387,40 @@ pub async fn run(settings: &Settings) -> Outcome {
     };
     let approvals = watch_approvals(&leader.admin);
     tokio::time::sleep(Duration::from_secs(1)).await;
+    Setup {
+        leader,
+        procs,
+        fleet,
+        approvals,
+        api_limit,
+        interval,
+        grace,
+    }
+}
 
+/// The members once all have joined, each heartbeating from the moment it was in (as an agent
+/// does); the first one separately, to be silenced later.
+struct Joined {
+    names: Vec<String>,
+    usable: Vec<Duration>,
+    tasks: Vec<tokio::task::JoinHandle<Member>>,
+    silent: tokio::task::JoinHandle<Member>,
+    cancel: CancellationToken,
+    silent_cancel: CancellationToken,
+    started: Instant,
+    registration_wall: Duration,
+    registration_cpu: BTreeMap<&'static str, f64>,
+}
+
+async fn register_all(settings: &Settings, setup: &Setup) -> Joined {
+    let n = settings.members;
     eprintln!(
-        "== [{n}] registering {n} members, {} in flight (heartbeat {interval}s, grace {grace}s)",
-        settings.concurrency
+        "== [{n}] registering {n} members, {} in flight (heartbeat {}s, grace {}s)",
+        settings.concurrency, setup.interval, setup.grace
     );
-    let cpu = Cpu::sample(&procs);
+    let cpu = Cpu::sample(&setup.procs);
     let started = Instant::now();
     let step = (n / 10).max(1);
-    // Each member heartbeats from the moment it is in, as an agent does; the first one is the
-    // one silenced later.
     let cancel = CancellationToken::new();
     let silent_cancel = CancellationToken::new();
     let mut silent = None;
@@ -322,7 +428,7 @@ pub async fn run(settings: &Settings) -> Outcome {
     let mut usable = Vec::with_capacity(n);
     let mut names = Vec::with_capacity(n);
     join_all(
-        &fleet,
+        &setup.fleet,
         (0..n).map(|i| format!("sim-{i:05}")).collect(),
         settings.concurrency,
         |member, timings| {
@@ -344,88 +450,79 @@ pub async fn run(settings: &Settings) -> Outcome {
     )
     .await
     .expect("every member joins");
-    let registration_wall = started.elapsed();
-    let registration_cpu = cpu.shares(&procs);
     usable.sort();
-    let mut approved: Vec<Duration> = {
-        let seen = approvals.lock().expect("approvals");
-        names
-            .iter()
-            .filter_map(|name| {
-                seen.get(name)
-                    .and_then(|(c, a)| a.map(|a| a.saturating_duration_since(*c)))
-            })
-            .collect()
-    };
-    let slowest = {
-        let seen = approvals.lock().expect("approvals");
-        let mut order: Vec<(&String, Instant, Duration)> = seen
-            .iter()
-            .filter_map(|(name, (c, a))| a.map(|a| (name, *c, a.saturating_duration_since(*c))))
-            .collect();
-        order.sort_by_key(|(_, created, _)| *created);
-        let mut by_latency: Vec<(String, usize, Duration)> = order
-            .iter()
-            .enumerate()
-            .map(|(i, (name, _, d))| ((*name).clone(), i, *d))
-            .collect();
-        by_latency.sort_by_key(|(_, _, d)| std::cmp::Reverse(*d));
-        by_latency.truncate(5);
-        by_latency
-    };
-    approved.sort();
-    assert_eq!(approved.len(), n, "the watch saw every request approved");
-    let silent = silent.expect("at least one member");
-    wait_for_counts(&leader.admin, n, n, Duration::from_secs(600)).await;
-    let all_ready = started.elapsed() - registration_wall;
+    Joined {
+        names,
+        usable,
+        tasks,
+        silent: silent.expect("at least one member"),
+        cancel,
+        silent_cancel,
+        started,
+        registration_wall: started.elapsed(),
+        registration_cpu: cpu.shares(&setup.procs),
+    }
+}
 
-    // One full interval first, so that every member's heartbeat phase is spread.
-    eprintln!(
-        "== [{n}] all Ready; settling {interval}s, then measuring the steady state for {:?}",
-        settings.steady
-    );
-    tokio::time::sleep(Duration::from_secs(interval)).await;
-    let before = request_counts(&leader.admin).await;
-    let beats = fleet.stats.heartbeats();
-    let cpu = Cpu::sample(&procs);
+/// Request → Approved latency of each of `names` (sorted), and the five slowest with their
+/// creation rank.
+fn approval_latencies(
+    approvals: &Approvals,
+    names: &[String],
+) -> (Vec<Duration>, Vec<(String, usize, Duration)>) {
+    let seen = approvals.lock().expect("approvals");
+    let mut approved: Vec<Duration> = names
+        .iter()
+        .filter_map(|name| {
+            seen.get(name)
+                .and_then(|(c, a)| a.map(|a| a.saturating_duration_since(*c)))
+        })
+        .collect();
+    approved.sort();
+    let mut order: Vec<(&String, Instant, Duration)> = seen
+        .iter()
+        .filter_map(|(name, (c, a))| a.map(|a| (name, *c, a.saturating_duration_since(*c))))
+        .collect();
+    order.sort_by_key(|(_, created, _)| *created);
+    let mut slowest: Vec<(String, usize, Duration)> = order
+        .iter()
+        .enumerate()
+        .map(|(i, (name, _, d))| ((*name).clone(), i, *d))
+        .collect();
+    slowest.sort_by_key(|(_, _, d)| std::cmp::Reverse(*d));
+    slowest.truncate(5);
+    (approved, slowest)
+}
+
+/// What the steady window measured.
+struct Steady {
+    writes: BTreeMap<String, f64>,
+    heartbeats: f64,
+    cpu: BTreeMap<&'static str, f64>,
+    leader_rss: f64,
+}
+
+async fn measure_steady(settings: &Settings, setup: &Setup) -> Steady {
+    let before = request_counts(&setup.leader.admin).await;
+    let beats = setup.fleet.stats.heartbeats();
+    let cpu = Cpu::sample(&setup.procs);
     let window = Instant::now();
     tokio::time::sleep(settings.steady).await;
     let elapsed = window.elapsed().as_secs_f64();
-    let steady_cpu = cpu.shares(&procs);
-    let heartbeats = (fleet.stats.heartbeats() - beats) as f64 / elapsed;
-    let after = request_counts(&leader.admin).await;
-    let writes = classify(&before, &after, elapsed);
-    let leader_rss = rss_mib(leader_pid, "VmRSS");
-
-    eprintln!("== [{n}] silencing one member");
-    silent_cancel.cancel();
-    let silent = silent.await.expect("silent member task");
-    silent.beat().await.expect("last heartbeat");
-    let last = Instant::now();
-    wait_ready_unknown(
-        &leader.admin,
-        &silent.namespace,
-        &silent.name,
-        Duration::from_secs(grace * 2 + 60),
-    )
-    .await;
-    let detection = last.elapsed();
-
-    eprintln!("== [{n}] one more member joins, then leaves");
-    let t0 = Instant::now();
-    let (late, _) = fleet.join("sim-late").await.expect("late member joins");
-    wait_total(&leader.admin, n + 1, Duration::from_secs(120)).await;
-    let join_visible = t0.elapsed();
-    let t0 = Instant::now();
-    late.leave().await.expect("late member leaves");
-    wait_total(&leader.admin, n, Duration::from_secs(120)).await;
-    let leave_visible = t0.elapsed();
-    let leader_peak_rss = rss_mib(leader_pid, "VmHWM");
-
-    cancel.cancel();
-    for t in tasks {
-        let _ = t.await;
+    let cpu = cpu.shares(&setup.procs);
+    let heartbeats = (setup.fleet.stats.heartbeats() - beats) as f64 / elapsed;
+    let after = request_counts(&setup.leader.admin).await;
+    Steady {
+        writes: classify(&before, &after, elapsed),
+        heartbeats,
+        cpu,
+        leader_rss: rss_mib(setup.leader.controller.pid(), "VmRSS"),
     }
+}
+
+/// Keeps the leader's log and metrics in `target/scale-bench/`, fails on any RBAC refusal, and
+/// returns the leader's reconcile error count.
+async fn keep_leader_output(leader: &LeaderSide, n: usize) -> u64 {
     let log = leader.controller.log();
     let (_, metrics) = leader
         .controller
@@ -446,29 +543,7 @@ pub async fn run(settings: &Settings) -> Outcome {
         "the leader was refused something:\n{}",
         leader.controller.log_tail(40)
     );
-    Outcome {
-        members: n,
-        concurrency: settings.concurrency,
-        api_limit,
-        interval,
-        grace,
-        registration_wall,
-        approved,
-        usable,
-        registration_cpu,
-        all_ready,
-        writes,
-        heartbeats,
-        heartbeat_failures: fleet.stats.failures(),
-        reconcile_errors,
-        slowest,
-        steady_cpu,
-        leader_rss,
-        leader_peak_rss,
-        detection,
-        join_visible,
-        leave_visible,
-    }
+    reconcile_errors
 }
 
 /// The API server's sustained rate of small writes: 32 writers, each updating its own Lease

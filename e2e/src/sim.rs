@@ -9,10 +9,11 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use tether_api::SetRef;
 use tether_api::registration::RegistrationResult;
 use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, MemberClusterAnnounce};
 use tether_seal::MemberCredential;
-use tether_testkit::{BootstrapToken, TestCluster, eventually, install_tether_crds};
+use tether_testkit::{BootstrapToken, CreateToken, TestCluster, eventually, install_tether_crds};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -41,7 +42,7 @@ pub async fn install_leader(cluster: &TestCluster, leader_spec: serde_json::Valu
     create_raw::<ClusterSet>(&admin, Some(HOME), set)
         .await
         .expect("ClusterSet");
-    crate::join_role(&admin, HOME, SET).await.expect("join RBAC");
+    crate::join_role(&admin, &home()).await.expect("join RBAC");
     admin
 }
 
@@ -130,11 +131,26 @@ pub struct Joiner {
     pub public_key: String,
 }
 
+/// The `prod` set in `tether-system`, the set most tests use.
+pub fn home() -> SetRef {
+    SetRef::new(HOME, SET)
+}
+
+/// The leader namespace of member `name` of the `prod` set.
+pub fn ns_of(name: &str) -> String {
+    tether_leader::naming::member_namespace(&home(), name)
+}
+
 /// A new bootstrap token of the `prod` set.
 pub async fn join_token(admin: &Client) -> BootstrapToken {
+    join_token_of(admin, &home()).await
+}
+
+/// A new bootstrap token of `set`, made as `tether token create` makes it.
+pub async fn join_token_of(admin: &Client, set: &SetRef) -> BootstrapToken {
     let token = BootstrapToken::random();
     token
-        .create(admin, &[&format!("system:bootstrappers:tether:{SET}")], None)
+        .create(admin, Some(set), None)
         .await
         .expect("bootstrap token");
     token
@@ -142,7 +158,12 @@ pub async fn join_token(admin: &Client) -> BootstrapToken {
 
 /// A new joiner with its own bootstrap token of the `prod` set.
 pub async fn joiner(cluster: &TestCluster, admin: &Client) -> Joiner {
-    let token = join_token(admin).await;
+    joiner_of(cluster, admin, &home()).await
+}
+
+/// A new joiner with its own bootstrap token of `set`.
+pub async fn joiner_of(cluster: &TestCluster, admin: &Client, set: &SetRef) -> Joiner {
+    let token = join_token_of(admin, set).await;
     let (identity, public_key) = tether_seal::generate_keypair();
     Joiner {
         client: cluster.client_with_token(&token.token()).expect("client"),
@@ -151,15 +172,32 @@ pub async fn joiner(cluster: &TestCluster, admin: &Client) -> Joiner {
     }
 }
 
-/// Creates a registration request and waits until it is decided.
+/// Creates a registration request in the `prod` set and waits until it is decided.
 pub async fn register(j: &Joiner, request: &str, name: &str, id: &str) -> ClusterRegistrationRequest {
+    register_in(j, HOME, request, name, id).await
+}
+
+/// Creates a registration request in namespace `ns` and waits until it is decided. A 401 of the
+/// just-created token is retried as the agent does (`Settle::unauthorized`).
+pub async fn register_in(
+    j: &Joiner,
+    ns: &str,
+    request: &str,
+    name: &str,
+    id: &str,
+) -> ClusterRegistrationRequest {
     let body = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterRegistrationRequest",
                       "metadata": {"name": request},
                       "spec": {"clusterID": id, "clusterName": name, "publicKey": j.public_key}});
-    create_raw::<ClusterRegistrationRequest>(&j.client, Some(HOME), body)
-        .await
-        .expect("create request");
-    let api = Api::<ClusterRegistrationRequest>::namespaced(j.client.clone(), HOME);
+    let mut unseen = tether_join::settle::Settle::unauthorized();
+    loop {
+        match create_raw::<ClusterRegistrationRequest>(&j.client, Some(ns), body.clone()).await {
+            Ok(_) => break,
+            Err(e) if unseen.tolerate(&e) => tokio::time::sleep(Duration::from_millis(200)).await,
+            Err(e) => panic!("create request {request}: {e}"),
+        }
+    }
+    let api = Api::<ClusterRegistrationRequest>::namespaced(j.client.clone(), ns);
     eventually(
         &format!("request {request} to be decided"),
         Duration::from_secs(30),
@@ -188,8 +226,13 @@ pub struct Member {
 
 /// Joins `name`/`id` to the `prod` set and returns the member.
 pub async fn join(cluster: &TestCluster, admin: &Client, name: &str, id: &str) -> Member {
-    let j = joiner(cluster, admin).await;
-    let req = register(&j, &format!("{name}-1"), name, id).await;
+    join_in(cluster, admin, &home(), name, id).await
+}
+
+/// Joins `name`/`id` to `set` and returns the member.
+pub async fn join_in(cluster: &TestCluster, admin: &Client, set: &SetRef, name: &str, id: &str) -> Member {
+    let j = joiner_of(cluster, admin, set).await;
+    let req = register_in(&j, &set.namespace, &format!("{name}-1"), name, id).await;
     let sealed = req
         .status
         .and_then(|s| s.credential)
@@ -256,7 +299,7 @@ pub async fn ready(admin: &Client, namespace: &str, name: &str) -> Result<(Strin
         .unwrap_or_default()
         .conditions
         .into_iter()
-        .find(|c| c.type_ == tether_api::conditions::READY)
+        .find(|c| c.type_ == tether_api::conditions::ConditionType::Ready)
         .map(|c| (c.status, c.reason))
         .ok_or_else(|| format!("{} has no Ready condition", mc.metadata.name.unwrap_or_default()))
 }

@@ -13,20 +13,25 @@ use tether_api::about::ClusterProperty;
 use tether_api::{ClusterRegistrationRequest, ManagedCluster};
 use tether_e2e::fleet::{self, MemberSide, add_node, audit_events};
 use tether_e2e::sim::{HOME, SET};
-use tether_testkit::{BootstrapToken, eventually};
+use tether_testkit::{BootstrapToken, CreateToken, eventually};
 
 async fn managed(admin: &Client, name: &str) -> Result<ManagedCluster, String> {
-    Api::<ManagedCluster>::namespaced(admin.clone(), &format!("tether-prod-{name}"))
+    Api::<ManagedCluster>::namespaced(admin.clone(), &tether_e2e::sim::ns_of(name))
         .get(name)
         .await
         .map_err(|e| e.to_string())
 }
 
-async fn wait_mc(admin: &Client, name: &str, what: &str, check: impl Fn(&ManagedCluster) -> bool) {
+async fn wait_mc(
+    admin: &Client,
+    name: &str,
+    what: &str,
+    check: impl Fn(&ManagedCluster) -> bool,
+) -> ManagedCluster {
     eventually(&format!("{name}: {what}"), Duration::from_secs(60), || async {
         let mc = managed(admin, name).await?;
         if check(&mc) {
-            Ok(())
+            Ok(mc)
         } else {
             Err(format!("{:?}", mc.status))
         }
@@ -39,7 +44,7 @@ fn ready(mc: &ManagedCluster) -> Option<String> {
         .as_ref()?
         .conditions
         .iter()
-        .find(|c| c.type_ == "Ready")
+        .find(|c| c.type_ == tether_api::conditions::ConditionType::Ready)
         .map(|c| c.status.clone())
 }
 
@@ -76,7 +81,7 @@ async fn agents_join_report_restart_recover_and_leave() {
     .await;
     let token = BootstrapToken::random();
     token
-        .create(&leader.admin, &["system:bootstrappers:tether:prod"], None)
+        .create(&leader.admin, Some(&tether_e2e::sim::home()), None)
         .await
         .expect("token");
     let (mut east, mut west) = {
@@ -107,7 +112,20 @@ async fn agents_join_report_restart_recover_and_leave() {
         st.kubernetes_version.as_deref().map(|v| v.starts_with("v1.34")),
         Some(true)
     );
-    assert_eq!(st.api_server_health.map(|h| h.livez && h.readyz), Some(true));
+    assert_eq!(
+        st.api_server_health.as_ref().map(|h| h.livez && h.readyz),
+        Some(true)
+    );
+    // LAST HEARTBEAT is never blank once the member is Ready.
+    assert!(st.last_heartbeat_time.is_some(), "lastHeartbeatTime set: {st:?}");
+    let healthy_since = |st: &tether_api::ManagedClusterStatus| {
+        tether_api::conditions::find(
+            &st.conditions,
+            tether_api::conditions::ConditionType::ApiServerHealthy,
+        )
+        .map(|c| c.last_transition_time.clone())
+    };
+    let first_healthy = healthy_since(&st).expect("ApiServerHealthy");
     let east_id = kube_system_uid(&east).await;
     assert_eq!(
         e.spec.cluster_id, east_id,
@@ -129,7 +147,7 @@ async fn agents_join_report_restart_recover_and_leave() {
                 .map(|c| (c.type_.clone(), c.status.clone()))
                 .collect();
             if s.state.as_deref() == Some("Ready")
-                && m.namespace.as_deref() == Some("tether-prod-east")
+                && m.namespace.as_deref() == Some(tether_e2e::sim::ns_of("east").as_str())
                 && m.credential_expiry.is_some()
                 && conds.contains(&("CAVerified".into(), "True".into()))
             {
@@ -162,17 +180,31 @@ async fn agents_join_report_restart_recover_and_leave() {
 
     // A new node shows up at the leader.
     add_node(&east.admin, "east-3", "2", "8Gi").await;
-    wait_mc(&leader.admin, "east", "3/3 nodes", |mc| {
+    let third = wait_mc(&leader.admin, "east", "3/3 nodes", |mc| {
         nodes(mc).as_deref() == Some("3/3")
     })
     .await;
+    // A second status write with the API server still healthy keeps the condition's transition time.
+    let third = third.status.expect("status");
+    assert_ne!(
+        third.last_report_time, st.last_report_time,
+        "the agent wrote again"
+    );
+    assert_eq!(
+        healthy_since(&third),
+        Some(first_healthy),
+        "ApiServerHealthy did not transition"
+    );
 
     // Nothing changes for a minute: heartbeats flow, no status write.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let east_user = "system:serviceaccount:tether-prod-east:tether-agent";
+    let east_user = &format!(
+        "system:serviceaccount:{}:tether-agent",
+        tether_e2e::sim::ns_of("east")
+    );
     let writes = |sub: Option<&'static str>, resource: &'static str| {
         move |e: &serde_json::Value| {
-            e["user"]["username"] == east_user
+            e["user"]["username"] == *east_user
                 && e["objectRef"]["resource"] == resource
                 && e["objectRef"]["subresource"].as_str() == sub
                 && matches!(e["verb"].as_str(), Some("patch" | "update"))
@@ -231,7 +263,7 @@ async fn agents_join_report_restart_recover_and_leave() {
         }
     };
     let old_token = credential(&west).await.expect("west's credential");
-    Api::<ServiceAccount>::namespaced(leader.admin.clone(), "tether-prod-west")
+    Api::<ServiceAccount>::namespaced(leader.admin.clone(), &tether_e2e::sim::ns_of("west"))
         .delete("tether-agent", &DeleteParams::default())
         .await
         .expect("revoke");
@@ -254,7 +286,7 @@ async fn agents_join_report_restart_recover_and_leave() {
         ready(mc).as_deref() == Some("True")
     })
     .await;
-    Api::<ServiceAccount>::namespaced(leader.admin.clone(), "tether-prod-west")
+    Api::<ServiceAccount>::namespaced(leader.admin.clone(), &tether_e2e::sim::ns_of("west"))
         .get("tether-agent")
         .await
         .expect("the leader recreated west's ServiceAccount");
@@ -281,7 +313,7 @@ async fn agents_join_report_restart_recover_and_leave() {
         Duration::from_secs(60),
         || async {
             let ns = Api::<Namespace>::all(leader.admin.clone())
-                .get_opt("tether-prod-west")
+                .get_opt(&tether_e2e::sim::ns_of("west"))
                 .await
                 .map_err(|e| e.to_string())?;
             if ns.is_none() {
@@ -316,7 +348,17 @@ async fn agents_join_report_restart_recover_and_leave() {
         ("east", east.agent.as_ref().map(|a| a.log()).unwrap_or_default()),
     ] {
         assert!(!log.contains("orbidden"), "RBAC denial in the {who} log:\n{log}");
+        // No unverified connection to the leader, ever.
+        assert!(
+            !log.contains("bypassed"),
+            "certificate check bypassed in the {who} log:\n{log}"
+        );
     }
+    let east_log = east.agent.as_ref().map(|a| a.log()).unwrap_or_default();
+    assert!(
+        east_log.contains("Leader CA verified against the pin"),
+        "the agent says what it verified:\n{east_log}"
+    );
     west.kill_agent();
 }
 
@@ -325,7 +367,7 @@ async fn a_wrong_pin_sends_nothing_to_the_leader() {
     let leader = fleet::leader("pin-leader", json!({})).await;
     let token = BootstrapToken::random();
     token
-        .create(&leader.admin, &["system:bootstrappers:tether:prod"], None)
+        .create(&leader.admin, Some(&tether_e2e::sim::home()), None)
         .await
         .expect("token");
     let wrong = format!("sha256:{}", "ab".repeat(32));
@@ -375,8 +417,8 @@ async fn an_expired_join_token_is_reported_with_what_to_do() {
     token
         .create(
             &leader.admin,
-            &["system:bootstrappers:tether:prod"],
-            Some("2020-01-01T00:00:00Z"),
+            Some(&tether_e2e::sim::home()),
+            Some("2020-01-01T00:00:00Z".parse().expect("time")),
         )
         .await
         .expect("token");

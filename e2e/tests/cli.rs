@@ -203,7 +203,7 @@ async fn init_join_status_leave_destroy_with_failures_that_leave_nothing_behind(
     ok(&tether(&ek, &["leave"]).await);
     assert!(ok(&tether(&ek, &["leave"]).await).contains("nothing to do"));
     no_member_set(&east).await;
-    let mcs = Api::<ManagedCluster>::namespaced(leader.admin.clone(), "tether-prod-east");
+    let mcs = Api::<ManagedCluster>::namespaced(leader.admin.clone(), &tether_e2e::sim::ns_of("east"));
     eventually("east gone at the leader", Duration::from_secs(60), || async {
         match mcs.get_opt("east").await.map_err(|e| e.to_string())? {
             None => Ok(()),
@@ -224,7 +224,7 @@ async fn init_join_status_leave_destroy_with_failures_that_leave_nothing_behind(
     );
     eventually("west's namespace gone", Duration::from_secs(60), || async {
         match Api::<Namespace>::all(leader.admin.clone())
-            .get_opt("tether-prod-west")
+            .get_opt(&tether_e2e::sim::ns_of("west"))
             .await
             .map_err(|e| e.to_string())?
         {
@@ -329,4 +329,129 @@ async fn without_bootstrap_tokens_init_falls_back_to_a_service_account_token_and
         "approving a decided request is a no-op: {again}"
     );
     east.kill_agent();
+}
+
+/// The words of a printed command (continuation lines joined), `<CLUSTER-NAME>` filled in.
+fn words_of(out: &str, starts: &str, name: &str) -> Vec<String> {
+    let mut lines = out.lines().skip_while(|l| !l.trim_start().starts_with(starts));
+    let mut text = String::new();
+    for l in lines.by_ref() {
+        let l = l.trim();
+        text.push_str(l.trim_end_matches('\\'));
+        text.push(' ');
+        if !l.ends_with('\\') {
+            break;
+        }
+    }
+    assert!(!text.is_empty(), "no `{starts}` line in {out}");
+    text.split_whitespace()
+        .map(|w| w.replace("<CLUSTER-NAME>", name))
+        .collect()
+}
+
+fn helm(args: &[String]) -> Output {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let tmp = std::env::temp_dir();
+    std::process::Command::new(Tools::locate().expect("tools").path("helm"))
+        .args(args)
+        .current_dir(root)
+        .env("HELM_CACHE_HOME", tmp.join("tether-helm-cache"))
+        .env("HELM_CONFIG_HOME", tmp.join("tether-helm-config"))
+        .env("HELM_DATA_HOME", tmp.join("tether-helm-data"))
+        .output()
+        .expect("run helm")
+}
+
+#[tokio::test]
+async fn every_command_init_prints_works_as_printed_for_a_set_outside_tether_system() {
+    use serde::Deserialize;
+    let leader = fleet::leader_with("cli-produs", None).await;
+    let (mut east, mut west) = tokio::join!(fleet::bare_member("east-us"), fleet::bare_member("west-us"));
+    east.start_agent();
+    west.start_agent();
+    let lk = leader.cluster.kubeconfig().to_path_buf();
+    let set = tether_api::SetRef::new("tether-us", "prod-us");
+    let out = ok(&tether(&lk, &["init", "--clusterset", "prod-us", "-n", "tether-us"]).await);
+
+    // The `tether join` line, run exactly as printed, joins prod-us (not the default prod).
+    let join = words_of(&out, "tether join", "east");
+    let args: Vec<&str> = join[1..].iter().map(String::as_str).collect();
+    let ek = east.cluster.kubeconfig().to_path_buf();
+    let joined = ok(&tether(&ek, &args).await);
+    assert!(joined.contains("Joined ClusterSet prod-us as east"), "{joined}");
+    let east_ns = tether_leader::naming::member_namespace(&set, "east");
+    Api::<ManagedCluster>::namespaced(leader.admin.clone(), &east_ns)
+        .get("east")
+        .await
+        .expect("east is a member of tether-us/prod-us");
+
+    // The "makes another" command, as printed, makes a token of that set.
+    let another = out
+        .lines()
+        .find_map(|l| {
+            l.split('`')
+                .nth(1)
+                .filter(|c| c.starts_with("tether token create"))
+        })
+        .expect("token create command");
+    let words: Vec<&str> = another.split_whitespace().skip(1).collect();
+    let fresh = ok(&tether(&lk, &words).await).trim().to_string();
+
+    // The Helm line, as printed (with that fresh token), renders a membership of prod-us whose
+    // leader namespace is tether-us; applied in a member with a running agent, it joins.
+    let mut helm_args: Vec<String> = words_of(&out, "helm install", "west")[1..].to_vec();
+    helm_args[0] = "template".into();
+    let token_value = helm_args
+        .iter()
+        .position(|w| w.starts_with("leader.token="))
+        .expect("leader.token");
+    helm_args[token_value] = format!("leader.token={fresh}");
+    let rendered = helm(&helm_args);
+    assert!(
+        rendered.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rendered.stderr)
+    );
+    let yaml = String::from_utf8_lossy(&rendered.stdout).to_string();
+    let docs: Vec<serde_json::Value> = serde_norway::Deserializer::from_str(&yaml)
+        .filter_map(|d| serde_json::Value::deserialize(d).ok())
+        .filter(|v| !v.is_null())
+        .collect();
+    let membership = docs
+        .iter()
+        .find(|d| d["kind"] == "ClusterSet")
+        .expect("a ClusterSet in the chart");
+    assert_eq!(membership["metadata"]["name"], "prod-us", "{membership}");
+    assert_eq!(
+        membership["spec"]["member"]["leaderNamespace"], "tether-us",
+        "{membership}"
+    );
+    let secret = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "Secret"
+                && d["metadata"]["name"] == membership["spec"]["member"]["joinTokenSecretRef"]["name"]
+        })
+        .expect("the join token Secret");
+    let member_set: ClusterSet = serde_json::from_value(membership.clone()).expect("ClusterSet");
+    let token_secret: Secret = serde_json::from_value(secret.clone()).expect("Secret");
+    let pp = kube::api::PostParams::default();
+    Api::<Secret>::namespaced(west.admin.clone(), HOME)
+        .create(&pp, &token_secret)
+        .await
+        .expect("token Secret");
+    Api::<ClusterSet>::namespaced(west.admin.clone(), HOME)
+        .create(&pp, &member_set)
+        .await
+        .expect("Member ClusterSet");
+    let west_ns = tether_leader::naming::member_namespace(&set, "west");
+    eventually("west joined prod-us", Duration::from_secs(60), || async {
+        Api::<ManagedCluster>::namespaced(leader.admin.clone(), &west_ns)
+            .get("west")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    east.kill_agent();
+    west.kill_agent();
 }

@@ -11,11 +11,15 @@ use k8s_openapi::jiff::{Timestamp, ToSpan};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
+use tether_api::SetRef;
 use tether_api::{ClusterRegistrationRequest, ClusterSet};
 use tether_e2e::{create_raw, message, status_code};
-use tether_testkit::{BootstrapToken, TestCluster, eventually, install_tether_crds};
+use tether_join::token::join_group;
+use tether_testkit::{BootstrapToken, CreateToken, TestCluster, eventually, install_tether_crds};
 
-const GROUP: &str = "system:bootstrappers:tether:prod";
+fn set() -> SetRef {
+    SetRef::new("tether-system", "prod")
+}
 const AGE_KEY: &str = "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p";
 
 fn meta(name: &str, ns: Option<&str>) -> ObjectMeta {
@@ -47,8 +51,8 @@ async fn whoami(client: &Client) -> Result<(String, Vec<String>), kube::Error> {
     Ok((user.username.unwrap_or_default(), user.groups.unwrap_or_default()))
 }
 
-fn rfc3339_in(seconds: i64) -> String {
-    (Timestamp::now() + seconds.seconds()).to_string()
+fn rfc3339_in(seconds: i64) -> Timestamp {
+    Timestamp::now() + seconds.seconds()
 }
 
 #[tokio::test]
@@ -62,12 +66,10 @@ async fn bootstrap_token_authenticates_with_its_set_group_and_gets_only_its_role
     install_tether_crds(&admin).await.expect("crds");
     namespace(&admin, "tether-system").await;
     namespace(&admin, "elsewhere").await;
-    tether_e2e::join_role(&admin, "tether-system", "prod")
-        .await
-        .expect("join RBAC");
+    tether_e2e::join_role(&admin, &set()).await.expect("join RBAC");
     let token = BootstrapToken::random();
     token
-        .create(&admin, &[GROUP], Some(&rfc3339_in(3600)))
+        .create(&admin, Some(&set()), Some(rfc3339_in(3600)))
         .await
         .expect("token");
     let joiner = cluster.client_with_token(&token.token()).expect("token client");
@@ -77,7 +79,11 @@ async fn bootstrap_token_authenticates_with_its_set_group_and_gets_only_its_role
     })
     .await;
     assert_eq!(user, token.user());
-    for g in ["system:bootstrappers", GROUP, "system:authenticated"] {
+    for g in [
+        "system:bootstrappers",
+        &join_group(&set()),
+        "system:authenticated",
+    ] {
         assert!(groups.iter().any(|x| x == g), "group {g} missing from {groups:?}");
     }
 
@@ -134,7 +140,7 @@ async fn expired_bootstrap_token_is_rejected_and_cleaned_up() {
     let admin = cluster.client().expect("admin");
     let expired = BootstrapToken::random();
     expired
-        .create(&admin, &[GROUP], Some(&rfc3339_in(-60)))
+        .create(&admin, Some(&set()), Some(rfc3339_in(-60)))
         .await
         .expect("expired token");
     let err = whoami(&cluster.client_with_token(&expired.token()).expect("client"))
@@ -177,7 +183,7 @@ async fn bootstrap_signer_signs_cluster_info_for_each_token() {
         .expect("cluster-info");
     let token = BootstrapToken::random();
     token
-        .create(&admin, &[GROUP], Some(&rfc3339_in(3600)))
+        .create(&admin, Some(&set()), Some(rfc3339_in(3600)))
         .await
         .expect("token");
     let key = format!("jws-kubeconfig-{}", token.id);

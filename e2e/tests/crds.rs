@@ -141,10 +141,11 @@ async fn valid_objects_of_each_kind_are_accepted() {
         .expect("get");
     let leader = set.spec.leader.expect("leader spec");
     assert_eq!(
-        leader.member_expiry, "24h",
+        leader.expiry(),
+        std::time::Duration::from_secs(24 * 3600),
         "unset durations are defaulted by the API server"
     );
-    assert_eq!(leader.credential_ttl, "1h");
+    assert_eq!(leader.credential_lifetime(), std::time::Duration::from_secs(3600));
 
     create_raw::<ClusterSet>(&client, Some("member"), member_set("prod", member_spec()))
         .await

@@ -70,12 +70,12 @@ async fn approved_member_gets_a_sealed_credential_confined_to_its_own_namespace(
         tether_seal::unseal(&sealed_seen, &reader.identity).is_err(),
         "a reader cannot unseal another member's credential"
     );
-    assert_eq!(cred.namespace, "tether-prod-east");
+    assert_eq!(cred.namespace, tether_e2e::sim::ns_of("east"));
     assert_eq!(cred.ca_cert, l.cluster.ca_pem());
 
     // The leader created the member's objects.
     let ns = Api::<Namespace>::all(l.admin.clone())
-        .get("tether-prod-east")
+        .get(&tether_e2e::sim::ns_of("east"))
         .await
         .expect("namespace");
     assert_eq!(
@@ -84,7 +84,7 @@ async fn approved_member_gets_a_sealed_credential_confined_to_its_own_namespace(
             .map(String::as_str),
         Some("prod")
     );
-    let mc = Api::<ManagedCluster>::namespaced(l.admin.clone(), "tether-prod-east")
+    let mc = Api::<ManagedCluster>::namespaced(l.admin.clone(), &tether_e2e::sim::ns_of("east"))
         .get("east")
         .await
         .expect("mcls");
@@ -92,7 +92,7 @@ async fn approved_member_gets_a_sealed_credential_confined_to_its_own_namespace(
 
     // The member's token does its job...
     let member = l.cluster.client_with_token(&cred.token).expect("member client");
-    let own = "tether-prod-east";
+    let own = &tether_e2e::sim::ns_of("east");
     let pp = PatchParams::default();
     Api::<ManagedCluster>::namespaced(member.clone(), own)
         .patch_status(
@@ -115,7 +115,7 @@ async fn approved_member_gets_a_sealed_credential_confined_to_its_own_namespace(
         .expect("member renews its own token");
 
     // ...and nothing else.
-    let other = "tether-prod-west";
+    let other = &tether_e2e::sim::ns_of("west");
     let checks = vec![
         (
             "read another member's ManagedCluster",
@@ -249,7 +249,11 @@ async fn duplicates_are_denied_and_the_same_cluster_rejoins() {
         &east.identity,
     )
     .expect("fresh credential");
-    assert_eq!(cred.namespace, "tether-prod-east", "the namespace is reused");
+    assert_eq!(
+        cred.namespace,
+        tether_e2e::sim::ns_of("east"),
+        "the namespace is reused"
+    );
     let namespaces = Api::<Namespace>::all(l.admin.clone())
         .list(&ListParams::default().labels(tether_api::labels::CLUSTER_SET))
         .await

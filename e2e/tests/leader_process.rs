@@ -95,7 +95,7 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_after_a_crash() 
         .expect("namespaces");
     assert_eq!(
         sim::names(&namespaces.items),
-        vec!["tether-prod-east", "tether-prod-west"]
+        vec![tether_e2e::sim::ns_of("east"), tether_e2e::sim::ns_of("west")]
     );
     let mcs = Api::<ManagedCluster>::all(admin.clone())
         .list(&ListParams::default())

@@ -240,7 +240,7 @@ async fn set_deletion_waits_for_members_and_force_removes_everything() {
             let blocked = st
                 .conditions
                 .iter()
-                .find(|c| c.type_ == tether_api::conditions::DELETION_BLOCKED);
+                .find(|c| c.type_ == tether_api::conditions::ConditionType::DeletionBlocked);
             match (st.state.as_deref(), blocked) {
                 (Some("Deleting"), Some(c)) if c.message.contains("tether leave") => Ok(()),
                 other => Err(format!("{other:?}")),

@@ -6,7 +6,7 @@
 //!
 //! Only the replica holding the Lease runs sessions; the others keep their cache warm.
 
-pub mod discovery;
+pub mod loops;
 pub mod metrics;
 pub mod register;
 pub mod report;
@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -27,7 +27,9 @@ use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use tether_api::clusterset::ClusterSetRole;
-use tether_api::{ClusterSet, ClusterSetStatus, MemberClusterAnnounce, properties};
+use tether_api::conditions::EventReason;
+use tether_api::{AGENT_FINALIZER, ClusterSet, ClusterSetStatus, MemberClusterAnnounce, properties};
+use tether_join::discovery;
 use tokio::sync::{Mutex, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -36,8 +38,6 @@ pub use metrics::Metrics;
 
 /// The field manager of everything the agent writes.
 pub const FIELD_MANAGER: &str = "tether-agent";
-/// The finalizer that makes deleting a member ClusterSet a clean leave.
-pub const AGENT_FINALIZER: &str = "multicluster.tether.dev/agent-leave";
 /// The agent's version, reported in requests and ManagedCluster status.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -180,14 +180,14 @@ impl Context {
     }
 
     /// Publishes an Event about the member ClusterSet.
-    pub async fn event(&self, set: &ClusterSet, warning: bool, reason: &str, note: &str) {
+    pub async fn event(&self, set: &ClusterSet, warning: bool, reason: EventReason, note: &str) {
         let ev = Event {
             type_: if warning {
                 EventType::Warning
             } else {
                 EventType::Normal
             },
-            reason: reason.into(),
+            reason: reason.as_str().into(),
             note: Some(note.chars().take(1000).collect()),
             action: "Membership".into(),
             secondary: None,
@@ -203,12 +203,10 @@ impl Context {
             return Ok(());
         }
         let api = Api::<ClusterSet>::namespaced(self.client.clone(), &self.namespace);
-        let body = serde_json::json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterSet",
-                                      "status": status});
         api.patch_status(
             &set.name_any(),
             &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(body),
+            &tether_api::status_apply::<ClusterSet, _>(status),
         )
         .await
         .map_err(|source| Error::Member {
@@ -325,7 +323,7 @@ async fn leave(ctx: &Context, set: &ClusterSet) -> Result<(), Error> {
                     stored.credential.namespace
                 );
                 warn!(set = %set.name_any(), "Leave incomplete: {msg}");
-                ctx.event(set, true, "LeaveIncomplete", &msg).await;
+                ctx.event(set, true, EventReason::LeaveIncomplete, &msg).await;
             }
         }
     }
@@ -335,7 +333,7 @@ async fn leave(ctx: &Context, set: &ClusterSet) -> Result<(), Error> {
     ctx.event(
         set,
         false,
-        "Left",
+        EventReason::Left,
         "left the ClusterSet; credential and key removed",
     )
     .await;

@@ -9,6 +9,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
 use tether_api::registration::RegistrationResult;
 use tether_api::{ClusterRegistrationRequest, ClusterRegistrationRequestSpec};
+use tether_join::settle::Settle;
 use tracing::info;
 
 use crate::state::Stored;
@@ -66,10 +67,19 @@ pub async fn register(
         generate_name: Some(format!("{}-", reg.cluster_name)),
         ..ObjectMeta::default()
     };
-    let created = api
-        .create(&PostParams::default(), &req)
-        .await
-        .map_err(classify("create registration request"))?;
+    // NB: a token used moments after its Secret was created can get 401 until the API server's
+    // authenticator has seen it (`tether init` and then `helm install` from one script).
+    let mut unseen = Settle::unauthorized();
+    let created = loop {
+        match api.create(&PostParams::default(), &req).await {
+            Ok(created) => break created,
+            Err(e) if unseen.tolerate(&e) => {
+                info!("Join token not accepted yet; retrying while the API server may not have seen it");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(classify("create registration request")(e)),
+        }
+    };
     let name = created.name_any();
     info!(request = %name, cluster_id = %reg.cluster_id, "Registration request created; waiting for the leader");
 

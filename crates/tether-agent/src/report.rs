@@ -6,12 +6,13 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, PatchParams};
 use kube_quantity::ParsedQuantity;
-use serde_json::json;
-use tether_api::ManagedCluster;
+use tether_api::conditions::{ConditionType, Reason, Status, condition};
 use tether_api::managedcluster::{ApiServerHealth, NodeCounts};
+use tether_api::{ManagedCluster, ManagedClusterStatus};
 
 use crate::{FIELD_MANAGER, VERSION};
 
@@ -109,31 +110,54 @@ fn allocatable_moved(last: &BTreeMap<String, Quantity>, next: &BTreeMap<String, 
     })
 }
 
-/// Writes `r` as the ManagedCluster `name`'s status (server-side apply of the agent's fields),
-/// with `url` as the member API server's address.
+/// The ManagedCluster status the agent owns for report `r`: what it observed, when it last
+/// heartbeat (`last_heartbeat`), and an `ApiServerHealthy` condition whose transition time stays
+/// as in `previous` while its status does not change.
+pub fn status(
+    r: &Report,
+    url: &str,
+    previous: &[Condition],
+    last_heartbeat: Option<Timestamp>,
+    now: Timestamp,
+) -> ManagedClusterStatus {
+    let healthy = r.health.livez && r.health.readyz;
+    let reason = if healthy {
+        Reason::LivezReadyzOK
+    } else {
+        Reason::HealthCheckFailed
+    };
+    ManagedClusterStatus {
+        kubernetes_version: r.kubernetes_version.clone(),
+        platform: r.platform.clone(),
+        api_server_url: Some(url.to_string()),
+        agent_version: Some(VERSION.into()),
+        nodes: Some(r.nodes.clone()),
+        capacity: r.capacity.clone(),
+        allocatable: r.allocatable.clone(),
+        api_server_health: Some(r.health.clone()),
+        last_heartbeat_time: last_heartbeat.map(Time),
+        last_report_time: Some(Time(now)),
+        conditions: vec![condition(
+            previous,
+            ConditionType::ApiServerHealthy,
+            Status::of(healthy),
+            reason,
+            format!("livez={} readyz={}", r.health.livez, r.health.readyz),
+            now,
+        )],
+    }
+}
+
+/// Writes `status` as the ManagedCluster `name`'s status (server-side apply of the agent's fields).
 pub async fn write_status(
     api: &Api<ManagedCluster>,
     name: &str,
-    r: &Report,
-    url: &str,
+    status: &ManagedClusterStatus,
 ) -> Result<(), kube::Error> {
-    let healthy = r.health.livez && r.health.readyz;
-    let now = Timestamp::now();
-    let status = json!({
-        "kubernetesVersion": r.kubernetes_version, "platform": r.platform, "apiServerURL": url,
-        "agentVersion": VERSION, "nodes": r.nodes, "capacity": r.capacity, "allocatable": r.allocatable,
-        "apiServerHealth": r.health, "lastReportTime": now.to_string(),
-        "conditions": [{"type": "ApiServerHealthy", "status": if healthy { "True" } else { "False" },
-                        "reason": if healthy { "LivezReadyzOK" } else { "HealthCheckFailed" },
-                        "message": format!("livez={} readyz={}", r.health.livez, r.health.readyz),
-                        "lastTransitionTime": now.to_string()}],
-    });
-    let body =
-        json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ManagedCluster", "status": status});
     api.patch_status(
         name,
         &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(body),
+        &tether_api::status_apply::<ManagedCluster, _>(status),
     )
     .await?;
     Ok(())
@@ -232,5 +256,28 @@ mod tests {
             worth_writing(Some(&base), &unhealthy),
             "the API server's health changed"
         );
+    }
+
+    #[test]
+    fn api_server_healthy_keeps_its_transition_time_until_health_changes() {
+        let t0 = Timestamp::from_second(1_000).unwrap();
+        let t1 = Timestamp::from_second(1_300).unwrap();
+        let mut r = Report {
+            health: ApiServerHealth {
+                livez: true,
+                readyz: true,
+            },
+            ..Report::default()
+        };
+        let first = status(&r, "https://m", &[], None, t0);
+        // The 5-minute refresh writes again with nothing changed: the condition stays put.
+        let refresh = status(&r, "https://m", &first.conditions, Some(t1), t1);
+        assert_eq!(refresh.conditions, first.conditions);
+        assert_eq!(refresh.last_report_time, Some(Time(t1)));
+        assert_eq!(refresh.last_heartbeat_time, Some(Time(t1)));
+        r.health.readyz = false;
+        let sick = status(&r, "https://m", &refresh.conditions, None, t1);
+        assert_eq!(sick.conditions[0].last_transition_time, Time(t1));
+        assert_eq!(sick.conditions[0].reason, Reason::HealthCheckFailed);
     }
 }

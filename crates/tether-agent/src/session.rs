@@ -7,44 +7,37 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Node, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{self, ObjectRef};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
-use rand::Rng;
-use serde_json::json;
 use tether_api::clusterset::MemberSpec;
-use tether_api::{ClusterSet, ManagedCluster, MemberClusterAnnounce, properties};
-use tokio::sync::{Notify, watch};
+use tether_api::conditions::{EventReason, Reason};
+use tether_api::{ClusterSet, properties};
+use tether_join::discovery::{self, Trust};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::warn;
 
-use crate::discovery::{self, Trust};
+use crate::loops::{heartbeat, renew, report};
 use crate::register::{Registration, Target, register};
-use crate::report::{Report, summarize, worth_writing};
 use crate::state::{self, Stored};
 use crate::view::{View, time};
-use crate::{Context, Error, FIELD_MANAGER};
+use crate::{Context, Error};
 
-/// A full ManagedCluster status refresh happens at least this often, changed or not.
-const FULL_REFRESH: Duration = Duration::from_secs(300);
-/// How often the member API server's health is checked.
-const HEALTH_EVERY: Duration = Duration::from_secs(30);
-/// The heartbeat time in the member status is refreshed at most this often.
-const HEARTBEAT_STATUS_EVERY: Duration = Duration::from_secs(60);
 /// Longest wait between retries.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
 /// Shared by the loops of one session.
-struct Shared {
-    ctx: Arc<Context>,
-    set: Arc<ClusterSet>,
+pub(crate) struct Shared {
+    pub(crate) ctx: Arc<Context>,
+    pub(crate) set: Arc<ClusterSet>,
     view: Mutex<View>,
-    last_heartbeat_published: Mutex<Option<Instant>>,
+    /// When the heartbeat time was last put into the member status.
+    pub(crate) last_heartbeat_published: Mutex<Option<Instant>>,
+    /// When the last heartbeat went through (reported with the ManagedCluster status).
+    pub(crate) last_beat: Mutex<Option<Timestamp>>,
     written: tokio::sync::Mutex<Option<tether_api::ClusterSetStatus>>,
 }
 
@@ -55,6 +48,7 @@ pub async fn run(ctx: Arc<Context>, set: Arc<ClusterSet>, cancel: CancellationTo
         set,
         view: Mutex::default(),
         last_heartbeat_published: Mutex::default(),
+        last_beat: Mutex::default(),
         written: tokio::sync::Mutex::default(),
     });
     let mut backoff = Duration::from_secs(1);
@@ -99,17 +93,23 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
     let spec = spec(&sh.set)?;
     let trust = discovery::trust_for(spec).await?;
     let verified = match &trust {
-        Trust::Ca(_) if spec.ca_bundle.is_some() => {
-            (true, "CABundle", "the leader is verified with caBundle".into())
-        }
-        Trust::Ca(_) => (true, "PinMatched", "the leader's CA matches caCertHash".into()),
+        Trust::Ca(_) if spec.ca_bundle.is_some() => (
+            true,
+            Reason::CABundle,
+            "the leader is verified with caBundle".into(),
+        ),
+        Trust::Ca(_) => (
+            true,
+            Reason::PinMatched,
+            "the leader's serving certificate chains to the CA pinned by caCertHash".into(),
+        ),
         Trust::Insecure => {
             warn!(
                 "insecureSkipCAVerification is set: the leader is NOT verified; the join token may reach an impostor"
             );
             (
                 false,
-                "InsecureSkipCAVerification",
+                Reason::InsecureSkipCAVerification,
                 "UNSAFE: the leader's CA is not verified".into(),
             )
         }
@@ -122,7 +122,11 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
         Some(s) if !expired(&s) => s,
         _ => {
             update(sh, |v| {
-                v.registered = Some((false, "Registering", "waiting for the leader's decision".into()))
+                v.registered = Some((
+                    false,
+                    Reason::Registering,
+                    "waiting for the leader's decision".into(),
+                ))
             })
             .await;
             let token = join_token(ctx, spec).await?;
@@ -152,7 +156,7 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
             ctx.event(
                 &sh.set,
                 false,
-                "Registered",
+                EventReason::Registered,
                 &format!("joined; namespace {} on the leader", stored.credential.namespace),
             )
             .await;
@@ -161,7 +165,11 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
     };
     let namespace = stored.credential.namespace.clone();
     update(sh, |v| {
-        v.registered = Some((true, "Approved", format!("namespace {namespace} on the leader")));
+        v.registered = Some((
+            true,
+            Reason::Approved,
+            format!("namespace {namespace} on the leader"),
+        ));
         v.membership.cluster_id = Some(cluster_id.clone());
         v.membership.namespace = Some(namespace.clone());
         v.membership.credential_expiry = expiry(&stored).map(time);
@@ -204,7 +212,7 @@ async fn join_token(ctx: &Context, spec: &MemberSpec) -> Result<String, Error> {
         })
 }
 
-fn expiry(s: &Stored) -> Option<Timestamp> {
+pub(crate) fn expiry(s: &Stored) -> Option<Timestamp> {
     s.credential.expiration_timestamp.parse().ok()
 }
 
@@ -212,292 +220,12 @@ fn expired(s: &Stored) -> bool {
     expiry(s).is_none_or(|e| e <= Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(30))
 }
 
-fn leader_client(spec: &MemberSpec, trust: &Trust, s: &Stored) -> Result<Client, Error> {
+pub(crate) fn leader_client(spec: &MemberSpec, trust: &Trust, s: &Stored) -> Result<Client, Error> {
     let config = discovery::leader_config(&spec.leader_url, trust, Some(&s.credential.token))?;
     Client::try_from(config).map_err(|source| Error::Leader {
         op: "build client",
         source,
     })
-}
-
-/// How long 403s are taken for RBAC still on its way rather than a revoked identity. The leader
-/// binds the member's Role before it approves, but each API server authorizes from a cache fed
-/// by a watch, which lags under load (seen at 1,000 simultaneous registrations).
-pub const RBAC_SETTLE: Duration = Duration::from_secs(30);
-
-/// Tells a 403 that may still pass (within `RBAC_SETTLE` of the first one in a row) from one
-/// that means the leader took the grant away.
-#[derive(Debug, Default)]
-pub struct Forbidden {
-    since: Option<Instant>,
-}
-
-impl Forbidden {
-    /// Whether `e` is a 403 to retry; any other outcome starts the count again.
-    pub fn tolerate(&mut self, e: &kube::Error) -> bool {
-        self.tolerate_at(e, Instant::now())
-    }
-
-    fn tolerate_at(&mut self, e: &kube::Error, now: Instant) -> bool {
-        match e {
-            kube::Error::Api(s) if s.code == 403 => {
-                now.saturating_duration_since(*self.since.get_or_insert(now)) < RBAC_SETTLE
-            }
-            _ => {
-                self.since = None;
-                false
-            }
-        }
-    }
-
-    /// A call succeeded.
-    pub fn clear(&mut self) {
-        self.since = None;
-    }
-}
-
-/// A credential error: the leader no longer accepts this identity.
-fn rejected(op: &'static str, e: kube::Error) -> Error {
-    match &e {
-        kube::Error::Api(s) if matches!(s.code, 401 | 403 | 404) => {
-            Error::CredentialRejected(format!("{op}: {} {}", s.code, s.message))
-        }
-        _ => Error::Leader { op, source: e },
-    }
-}
-
-/// One heartbeat: renews the announce `name` with `now` (one small write) and returns the
-/// interval the leader asks for until the next one.
-pub async fn beat(
-    api: &Api<MemberClusterAnnounce>,
-    name: &str,
-    now: Timestamp,
-) -> Result<Duration, kube::Error> {
-    let pp = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..PatchParams::default()
-    };
-    let body = json!({"spec": {"renewTime": now.to_string()}});
-    let mca = api.patch(name, &pp, &Patch::Merge(body)).await?;
-    Ok(Duration::from_secs(
-        mca.spec.heartbeat_interval_seconds.unwrap_or(10).max(1) as u64,
-    ))
-}
-
-/// `interval` ±10%, so that members started together do not heartbeat in lockstep.
-pub fn jittered(interval: Duration) -> Duration {
-    let factor = rand::rng().random_range(0.9..1.1);
-    interval.mul_f64(factor)
-}
-
-async fn heartbeat(
-    sh: &Arc<Shared>,
-    client: watch::Receiver<Client>,
-    ns: &str,
-    name: &str,
-) -> Result<(), Error> {
-    let mut interval = Duration::from_secs(10);
-    let mut failures: u32 = 0;
-    let mut forbidden = Forbidden::default();
-    loop {
-        let api = Api::<MemberClusterAnnounce>::namespaced(client.borrow().clone(), ns);
-        let now = Timestamp::now();
-        match beat(&api, name, now).await {
-            Ok(next) => {
-                forbidden.clear();
-                sh.ctx.metrics.heartbeat(true);
-                failures = 0;
-                interval = next;
-                let publish_time = {
-                    let mut last = sh
-                        .last_heartbeat_published
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner());
-                    let due = last.is_none_or(|t| t.elapsed() >= HEARTBEAT_STATUS_EVERY);
-                    if due {
-                        *last = Some(Instant::now());
-                    }
-                    due
-                };
-                update(sh, |v| {
-                    v.reachable = Some((
-                        true,
-                        "HeartbeatOK",
-                        format!("heartbeat every {}s", interval.as_secs()),
-                    ));
-                    if publish_time {
-                        v.membership.last_heartbeat_time = Some(time(now));
-                    }
-                })
-                .await;
-            }
-            Err(e) => {
-                let settling = forbidden.tolerate(&e);
-                let err = rejected("heartbeat", e);
-                if matches!(err, Error::CredentialRejected(_)) && !settling {
-                    return Err(err);
-                }
-                sh.ctx.metrics.heartbeat(false);
-                failures += 1;
-                warn!(
-                    error = &err as &dyn std::error::Error,
-                    failures, "Heartbeat failed; retrying"
-                );
-                update(sh, |v| {
-                    v.reachable = Some((false, "LeaderUnreachable", err.to_string()))
-                })
-                .await;
-                let backoff =
-                    Duration::from_secs(1 << failures.min(6)).min(interval.max(Duration::from_secs(1)));
-                tokio::time::sleep(backoff).await;
-                continue;
-            }
-        }
-        tokio::time::sleep(jittered(interval)).await;
-    }
-}
-
-async fn report(
-    sh: &Arc<Shared>,
-    client: watch::Receiver<Client>,
-    ns: &str,
-    name: &str,
-) -> Result<(), Error> {
-    let member = sh.ctx.client.clone();
-    let (nodes, writer) = reflector::store::<Node>();
-    let changed = Arc::new(Notify::new());
-    let notify = changed.clone();
-    let stream = reflector::reflector(
-        writer,
-        watcher(Api::<Node>::all(member.clone()), watcher::Config::default()),
-    )
-    .default_backoff()
-    .touched_objects()
-    .for_each(move |_| {
-        notify.notify_one();
-        async {}
-    });
-    let drive = tokio::spawn(stream);
-    let _stop = AbortOnDrop(drive);
-    let _ = nodes.wait_until_ready().await;
-
-    let mut last: Option<Report> = None;
-    let mut forbidden = Forbidden::default();
-    let mut last_write = Instant::now();
-    loop {
-        let next = observe(&member, &nodes).await;
-        let full = last_write.elapsed() >= FULL_REFRESH;
-        if worth_writing(last.as_ref(), &next) || full {
-            let api = Api::<ManagedCluster>::namespaced(client.borrow().clone(), ns);
-            match crate::report::write_status(&api, name, &next, &sh.ctx.api_server_url).await {
-                Ok(()) => {
-                    forbidden.clear();
-                    sh.ctx.metrics.status_write();
-                    last = Some(next);
-                    last_write = Instant::now();
-                }
-                Err(e) => {
-                    let settling = forbidden.tolerate(&e);
-                    let err = rejected("report status", e);
-                    if matches!(err, Error::CredentialRejected(_)) && !settling {
-                        return Err(err);
-                    }
-                    warn!(
-                        error = &err as &dyn std::error::Error,
-                        "Status report failed; retrying"
-                    );
-                }
-            }
-        }
-        tokio::select! {
-            _ = changed.notified() => tokio::time::sleep(Duration::from_secs(1)).await,
-            _ = tokio::time::sleep(HEALTH_EVERY) => {}
-        }
-    }
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// Builds a report from the node cache and the member API server's version and health.
-async fn observe(member: &Client, nodes: &reflector::Store<Node>) -> Report {
-    let state = nodes.state();
-    let (counts, capacity, allocatable) = summarize(state.iter().map(|n| n.as_ref()));
-    let version = member.apiserver_version().await.ok();
-    let probe = |path: &'static str| async move {
-        let req = http::Request::get(path).body(vec![]);
-        match req {
-            Ok(r) => member.request_text(r).await.is_ok(),
-            Err(_) => false,
-        }
-    };
-    let (livez, readyz) = futures::join!(probe("/livez"), probe("/readyz"));
-    Report {
-        nodes: counts,
-        capacity,
-        allocatable,
-        kubernetes_version: version.as_ref().map(|v| v.git_version.clone()),
-        platform: version.map(|v| v.platform),
-        health: tether_api::managedcluster::ApiServerHealth { livez, readyz },
-    }
-}
-
-async fn renew(
-    sh: &Arc<Shared>,
-    spec: &MemberSpec,
-    trust: &Trust,
-    mut stored: Stored,
-    client_tx: watch::Sender<Client>,
-) -> Result<(), Error> {
-    loop {
-        let remaining = expiry(&stored)
-            .map(|e| (e - Timestamp::now()).get_seconds().max(0) as u64)
-            .unwrap_or(0);
-        // Renew with a third of the lifetime left.
-        let wait = Duration::from_secs(remaining.saturating_sub(stored.ttl_seconds as u64 / 3))
-            .max(Duration::from_secs(5));
-        tokio::time::sleep(wait).await;
-        let api = Api::<ServiceAccount>::namespaced(client_tx.borrow().clone(), &stored.credential.namespace);
-        let req = TokenRequest {
-            spec: TokenRequestSpec {
-                expiration_seconds: Some(stored.ttl_seconds),
-                ..TokenRequestSpec::default()
-            },
-            ..TokenRequest::default()
-        };
-        match api
-            .create_token_request(&stored.credential.service_account, &PostParams::default(), &req)
-            .await
-        {
-            Ok(t) => {
-                let Some(status) = t.status else { continue };
-                stored.credential.token = status.token;
-                stored.credential.expiration_timestamp = status.expiration_timestamp.0.to_string();
-                state::store_credential(&sh.ctx.client, &sh.ctx.namespace, &stored).await?;
-                client_tx.send_replace(leader_client(spec, trust, &stored)?);
-                sh.ctx.metrics.renewal(true);
-                info!(expires = %stored.credential.expiration_timestamp, "Credential renewed");
-                let exp = expiry(&stored).map(time);
-                update(sh, |v| v.membership.credential_expiry = exp).await;
-            }
-            Err(e) => {
-                sh.ctx.metrics.renewal(false);
-                let err = rejected("renew credential", e);
-                if matches!(err, Error::CredentialRejected(_)) {
-                    return Err(err);
-                }
-                warn!(
-                    error = &err as &dyn std::error::Error,
-                    "Credential renewal failed; retrying"
-                );
-                tokio::time::sleep(Duration::from_secs(10)).await;
-            }
-        }
-    }
 }
 
 /// Turns a session failure into status, an Event where a user must act, and a log line.
@@ -506,48 +234,53 @@ async fn record_failure(sh: &Arc<Shared>, err: &Error) {
     let msg = err.to_string();
     match err {
         Error::Discovery(discovery::DiscoveryError::PinMismatch { .. }) => {
-            update(sh, |v| v.reachable = Some((false, "PinMismatch", msg.clone()))).await;
-            sh.ctx.event(&sh.set, true, "PinMismatch", &msg).await;
+            update(sh, |v| {
+                v.reachable = Some((false, Reason::PinMismatch, msg.clone()))
+            })
+            .await;
+            sh.ctx.event(&sh.set, true, EventReason::PinMismatch, &msg).await;
         }
         Error::Discovery(_) | Error::Leader { .. } => {
             update(sh, |v| {
-                v.reachable = Some((false, "LeaderUnreachable", msg.clone()))
+                v.reachable = Some((false, Reason::LeaderUnreachable, msg.clone()))
             })
             .await;
         }
         Error::JoinTokenRejected | Error::JoinTokenForbidden(_) | Error::JoinTokenMissing { .. } => {
-            let reason = if matches!(err, Error::JoinTokenRejected) {
-                "JoinTokenExpired"
+            let (reason, event) = if matches!(err, Error::JoinTokenRejected) {
+                (Reason::JoinTokenExpired, EventReason::JoinTokenExpired)
             } else {
-                "JoinTokenInvalid"
+                (Reason::JoinTokenInvalid, EventReason::JoinTokenInvalid)
             };
             update(sh, |v| v.registered = Some((false, reason, msg.clone()))).await;
-            sh.ctx.event(&sh.set, true, reason, &msg).await;
+            sh.ctx.event(&sh.set, true, event, &msg).await;
         }
         Error::Denied { .. } => {
-            update(sh, |v| v.registered = Some((false, "Denied", msg.clone()))).await;
-            sh.ctx.event(&sh.set, true, "RegistrationDenied", &msg).await;
+            update(sh, |v| v.registered = Some((false, Reason::Denied, msg.clone()))).await;
+            sh.ctx
+                .event(&sh.set, true, EventReason::RegistrationDenied, &msg)
+                .await;
         }
         Error::CredentialRejected(_) => {
             update(sh, |v| {
-                v.registered = Some((false, "CredentialRejected", msg.clone()))
+                v.registered = Some((false, Reason::CredentialRejected, msg.clone()))
             })
             .await;
             sh.ctx
                 .event(
                     &sh.set,
                     true,
-                    "CredentialRejected",
+                    EventReason::CredentialRejected,
                     "the leader rejected the credential; registering again",
                 )
                 .await;
         }
-        _ => update(sh, |v| v.registered = Some((false, "Error", msg.clone()))).await,
+        _ => update(sh, |v| v.registered = Some((false, Reason::Error, msg.clone()))).await,
     }
 }
 
 /// Changes the view and writes the member ClusterSet's status if it changed.
-async fn update(sh: &Arc<Shared>, change: impl FnOnce(&mut View)) {
+pub(crate) async fn update(sh: &Arc<Shared>, change: impl FnOnce(&mut View)) {
     let view = {
         let mut v = sh.view.lock().unwrap_or_else(|p| p.into_inner());
         change(&mut v);
@@ -571,37 +304,5 @@ async fn update(sh: &Arc<Shared>, change: impl FnOnce(&mut View)) {
             error = &e as &dyn std::error::Error,
             "Cannot write the member ClusterSet status"
         ),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn status(code: u16) -> kube::Error {
-        kube::Error::Api(
-            kube::core::Status::failure("refused", "Forbidden")
-                .with_code(code)
-                .boxed(),
-        )
-    }
-
-    #[test]
-    fn forbidden_is_tolerated_only_while_rbac_may_still_be_settling() {
-        let t0 = Instant::now();
-        let mut f = Forbidden::default();
-        assert!(f.tolerate_at(&status(403), t0));
-        assert!(f.tolerate_at(&status(403), t0 + RBAC_SETTLE - Duration::from_secs(1)));
-        assert!(
-            !f.tolerate_at(&status(403), t0 + RBAC_SETTLE),
-            "a 403 that lasts is a revoked grant"
-        );
-        // Another answer in between starts the window again.
-        let t1 = t0 + RBAC_SETTLE * 2;
-        assert!(!f.tolerate_at(&status(500), t1));
-        assert!(f.tolerate_at(&status(403), t1 + Duration::from_secs(1)));
-        assert!(!f.tolerate_at(&status(401), t1), "401 is never tolerated");
-        f.clear();
-        assert!(f.tolerate_at(&status(403), t1 + RBAC_SETTLE * 3));
     }
 }

@@ -25,15 +25,7 @@ fn api_err(op: &'static str, name: &str) -> impl FnOnce(kube::Error) -> Error {
     move |source| Error::Member { op, name, source }
 }
 
-/// Reads one key of a Secret as text.
-pub fn secret_text(secret: &Secret, key: &str) -> Option<String> {
-    secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .and_then(|v| String::from_utf8(v.0.clone()).ok())
-        .or_else(|| secret.string_data.as_ref().and_then(|d| d.get(key).cloned()))
-}
+pub use tether_join::token::secret_text;
 
 async fn apply_secret(
     client: &Client,
@@ -59,14 +51,11 @@ async fn apply_secret(
         ),
         ..Secret::default()
     };
-    let mut body = serde_json::to_value(&secret).map_err(|e| Error::Serialize(e.to_string()))?;
-    body["apiVersion"] = "v1".into();
-    body["kind"] = "Secret".into();
     Api::<Secret>::namespaced(client.clone(), ns)
         .patch(
             name,
             &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(body),
+            &Patch::Apply(&secret),
         )
         .await
         .map_err(api_err("store Secret", name))?;
@@ -193,14 +182,11 @@ pub async fn write_property(client: &Client, name: &str, value: &str) -> Result<
         tether_api::labels::MANAGED_BY.into(),
         FIELD_MANAGER.into(),
     )]));
-    let mut body = serde_json::to_value(&p).map_err(|e| Error::Serialize(e.to_string()))?;
-    body["apiVersion"] = "about.k8s.io/v1alpha1".into();
-    body["kind"] = "ClusterProperty".into();
     match Api::<ClusterProperty>::all(client.clone())
         .patch(
             name,
             &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(body),
+            &Patch::Apply(&p),
         )
         .await
     {

@@ -7,10 +7,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use tether_api::ClusterSetStatus;
 use tether_api::clusterset::Membership;
-use tether_api::conditions::{CA_VERIFIED, LEADER_REACHABLE, READY, REGISTERED, condition};
+use tether_api::conditions::{ConditionType, Reason, SetState, Status, condition};
 
 /// One condition's state: `(status, reason, message)`.
-pub type State = (bool, &'static str, String);
+pub type State = (bool, Reason, String);
 
 /// What the agent knows about its membership.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -41,39 +41,45 @@ impl View {
         now: Timestamp,
     ) -> ClusterSetStatus {
         let mut conditions = vec![];
-        let mut push = |type_: &str, s: &Option<State>| {
+        let mut push = |type_: ConditionType, s: &Option<State>| {
             if let Some((ok, reason, message)) = s {
-                let status = if *ok { "True" } else { "False" };
-                conditions.push(condition(previous, type_, status, reason, message.clone(), now));
+                conditions.push(condition(
+                    previous,
+                    type_,
+                    Status::of(*ok),
+                    *reason,
+                    message.clone(),
+                    now,
+                ));
             }
         };
-        push(REGISTERED, &self.registered);
-        push(LEADER_REACHABLE, &self.reachable);
-        push(CA_VERIFIED, &self.ca_verified);
+        push(ConditionType::Registered, &self.registered);
+        push(ConditionType::LeaderReachable, &self.reachable);
+        push(ConditionType::CAVerified, &self.ca_verified);
         let ready = if self.ready() {
-            (true, "Joined", "registered and heartbeating".to_string())
+            (true, Reason::Joined, "registered and heartbeating".to_string())
         } else {
             let why = [&self.registered, &self.reachable]
                 .into_iter()
                 .flatten()
                 .find(|(ok, _, _)| !ok)
                 .map(|(_, reason, message)| (*reason, message.clone()))
-                .unwrap_or(("Joining", "registering with the leader".to_string()));
+                .unwrap_or((Reason::Joining, "registering with the leader".to_string()));
             (false, why.0, why.1)
         };
-        push(READY, &Some(ready));
+        push(ConditionType::Ready, &Some(ready));
         let state = if self.leaving {
-            "Leaving"
+            SetState::Leaving
         } else if self.ready() {
-            "Ready"
+            SetState::Ready
         } else if matches!(self.registered, Some((true, _, _))) {
-            "NotReady"
+            SetState::NotReady
         } else {
-            "Joining"
+            SetState::Joining
         };
         ClusterSetStatus {
             observed_generation: generation,
-            state: Some(state.into()),
+            state: Some(state.as_str().into()),
             conditions,
             membership: Some(self.membership.clone()),
             ..ClusterSetStatus::default()
@@ -95,23 +101,31 @@ mod tests {
         let now = Timestamp::now();
         let mut v = View::default();
         let s = v.status(&[], Some(1), now);
-        assert_eq!(s.state.as_deref(), Some("Joining"));
-        let ready = s.conditions.iter().find(|c| c.type_ == READY).unwrap();
-        assert_eq!(
-            (ready.status.as_str(), ready.reason.as_str()),
-            ("False", "Joining")
+        assert_eq!(s.state.as_deref(), Some(SetState::Joining.as_str()));
+        let ready = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == ConditionType::Ready)
+            .unwrap();
+        assert!(
+            ready.status == "False" && ready.reason == Reason::Joining,
+            "{ready:?}"
         );
 
-        v.registered = Some((true, "Approved", "namespace tether-prod-east".into()));
-        v.reachable = Some((false, "LeaderUnreachable", "connection refused".into()));
+        v.registered = Some((true, Reason::Approved, "namespace tether-prod-east".into()));
+        v.reachable = Some((false, Reason::LeaderUnreachable, "connection refused".into()));
         let s = v.status(&[], Some(1), now);
-        assert_eq!(s.state.as_deref(), Some("NotReady"));
-        let ready = s.conditions.iter().find(|c| c.type_ == READY).unwrap();
-        assert_eq!(ready.reason, "LeaderUnreachable", "Ready says why not");
+        assert_eq!(s.state.as_deref(), Some(SetState::NotReady.as_str()));
+        let ready = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == ConditionType::Ready)
+            .unwrap();
+        assert_eq!(ready.reason, Reason::LeaderUnreachable, "Ready says why not");
 
-        v.reachable = Some((true, "HeartbeatOK", String::new()));
+        v.reachable = Some((true, Reason::HeartbeatOK, String::new()));
         let s = v.status(&[], Some(1), now);
-        assert_eq!(s.state.as_deref(), Some("Ready"));
+        assert_eq!(s.state.as_deref(), Some(SetState::Ready.as_str()));
         let later = now + k8s_openapi::jiff::SignedDuration::from_secs(30);
         assert_eq!(
             v.status(&s.conditions, Some(1), later),

@@ -2,6 +2,7 @@
 //! and member counts; on a member it holds how to reach the leader and the membership state.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::core::Duration;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -81,21 +82,21 @@ pub struct LeaderSpec {
     #[schemars(regex(pattern = DURATION), length(max = 32))]
     #[x_kube(validation = Rule::new("duration(self) >= duration('1s') && duration(self) <= duration('10m')")
         .message("heartbeatInterval must be between 1s and 10m"))]
-    pub heartbeat_interval: String,
+    pub heartbeat_interval: Duration,
     /// A member without a renewal for this long is marked Ready=Unknown (Go duration).
     #[serde(default = "default_grace_period")]
     #[schemars(regex(pattern = DURATION), length(max = 32))]
-    pub grace_period: String,
+    pub grace_period: Duration,
     /// A member silent for this long is removed from the set (Go duration).
     #[serde(default = "default_member_expiry")]
     #[schemars(regex(pattern = DURATION), length(max = 32))]
-    pub member_expiry: String,
+    pub member_expiry: Duration,
     /// Lifetime of the credential minted for each member (Go duration, 10m–24h).
     #[serde(rename = "credentialTTL", default = "default_credential_ttl")]
     #[schemars(regex(pattern = DURATION), length(max = 32))]
     #[x_kube(validation = Rule::new("duration(self) >= duration('10m') && duration(self) <= duration('24h')")
         .message("credentialTTL must be between 10m and 24h"))]
-    pub credential_ttl: String,
+    pub credential_ttl: Duration,
 }
 
 impl Default for LeaderSpec {
@@ -110,17 +111,48 @@ impl Default for LeaderSpec {
     }
 }
 
-fn default_heartbeat_interval() -> String {
-    "10s".into()
+fn default_heartbeat_interval() -> Duration {
+    std::time::Duration::from_secs(10).into()
 }
-fn default_grace_period() -> String {
-    "40s".into()
+fn default_grace_period() -> Duration {
+    std::time::Duration::from_secs(40).into()
 }
-fn default_member_expiry() -> String {
-    "24h".into()
+fn default_member_expiry() -> Duration {
+    std::time::Duration::from_secs(24 * 3600).into()
 }
-fn default_credential_ttl() -> String {
-    "1h".into()
+fn default_credential_ttl() -> Duration {
+    std::time::Duration::from_secs(3600).into()
+}
+
+impl LeaderSpec {
+    /// The heartbeat interval (validated positive by the CRD).
+    pub fn heartbeat(&self) -> std::time::Duration {
+        positive(&self.heartbeat_interval)
+    }
+
+    /// The grace period after which a silent member is Unknown.
+    pub fn grace(&self) -> std::time::Duration {
+        positive(&self.grace_period)
+    }
+
+    /// How long a silent member stays before it is removed.
+    pub fn expiry(&self) -> std::time::Duration {
+        positive(&self.member_expiry)
+    }
+
+    /// The lifetime of a member credential.
+    pub fn credential_lifetime(&self) -> std::time::Duration {
+        positive(&self.credential_ttl)
+    }
+}
+
+/// NB: the CRD refuses negative durations; a negative one read anyway counts as zero.
+fn positive(d: &Duration) -> std::time::Duration {
+    if d.is_negative() {
+        std::time::Duration::ZERO
+    } else {
+        std::time::Duration::from(*d)
+    }
 }
 
 /// Which registration requests the leader approves by itself.

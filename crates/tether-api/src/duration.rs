@@ -1,36 +1,20 @@
-//! Go-style durations (`10s`, `1m30s`, `24h`) as used in ClusterSet specs; the CRD pattern and
-//! CEL already validated them, so parsing here only has to be exact, not forgiving.
+//! Durations given on command lines (`90s`, `1m30s`, `24h`): the Go format the API uses for
+//! ClusterSet specs (`kube::core::Duration`), parsed once, with an error that says what to type.
 
 use std::time::Duration;
 
-/// Parses `<number><unit>` sequences with units `ms`, `s`, `m`, `h`; `None` if malformed.
-pub fn parse(text: &str) -> Option<Duration> {
-    let mut total = 0f64;
-    let mut rest = text;
-    if rest.is_empty() {
-        return None;
+/// Parses a non-negative Go-style duration, for clap's `value_parser`.
+pub fn parse(text: &str) -> Result<Duration, String> {
+    let bad = || format!("{text:?} is not a duration like 90s, 5m or 24h");
+    // NB: kube's parser takes "" for zero; a flag left empty is a mistake, not "no time".
+    if text.trim().is_empty() {
+        return Err(bad());
     }
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let value: f64 = rest[..digits].parse().ok()?;
-        rest = &rest[digits..];
-        let (scale, len) = if rest.starts_with("ms") {
-            (0.001, 2)
-        } else if rest.starts_with('s') {
-            (1.0, 1)
-        } else if rest.starts_with('m') {
-            (60.0, 1)
-        } else if rest.starts_with('h') {
-            (3600.0, 1)
-        } else {
-            return None;
-        };
-        total += value * scale;
-        rest = &rest[len..];
+    let d: kube::core::Duration = text.trim().parse().map_err(|_| bad())?;
+    if d.is_negative() {
+        return Err(bad());
     }
-    Some(Duration::from_secs_f64(total))
+    Ok(d.into())
 }
 
 #[cfg(test)]
@@ -38,20 +22,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_go_durations() {
-        let cases = [
-            ("10s", Some(10_000)),
-            ("1m30s", Some(90_000)),
-            ("24h", Some(86_400_000)),
-            ("500ms", Some(500)),
-            ("1.5h", Some(5_400_000)),
-            ("", None),
-            ("10", None),
-            ("10d", None),
-            ("s", None),
-        ];
-        for (text, want) in cases {
-            assert_eq!(parse(text).map(|d| d.as_millis() as u64), want, "{text:?}");
+    fn go_durations_parse_and_anything_else_says_what_to_type() {
+        assert_eq!(parse("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse("24h"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse("250ms"), Ok(Duration::from_millis(250)));
+        for bad in ["", "10", "ten seconds", "-5s", "5d", "1.5.5s"] {
+            let err = parse(bad).unwrap_err();
+            assert!(err.contains("like 90s"), "{bad}: {err}");
         }
     }
 }

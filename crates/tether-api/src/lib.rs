@@ -8,16 +8,34 @@
 pub mod about;
 pub mod announce;
 pub mod clusterset;
+pub mod conditions;
 pub mod crds;
 pub mod duration;
 pub mod managedcluster;
 pub mod registration;
+pub mod setref;
 pub mod validation;
 
 pub use announce::{MemberClusterAnnounce, MemberClusterAnnounceSpec};
 pub use clusterset::{ClusterSet, ClusterSetSpec, ClusterSetStatus};
 pub use managedcluster::{ManagedCluster, ManagedClusterSpec, ManagedClusterStatus};
 pub use registration::{ClusterRegistrationRequest, ClusterRegistrationRequestSpec, RegistrationStatus};
+pub use setref::SetRef;
+
+/// A server-side-apply body for the status subresource of a `K`: the typed `status` (unset
+/// fields are left out, so the writer owns exactly what it sets), with `apiVersion` and `kind`
+/// taken from the type rather than typed by hand.
+pub fn status_apply<K, S>(status: &S) -> kube::api::Patch<serde_json::Value>
+where
+    K: kube::Resource<DynamicType = ()>,
+    S: serde::Serialize,
+{
+    kube::api::Patch::Apply(serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    }))
+}
 
 /// The API group of every Tether kind.
 pub const GROUP: &str = "multicluster.tether.dev";
@@ -30,6 +48,9 @@ pub const CATEGORY: &str = "tether";
 pub mod labels {
     /// The ClusterSet ID (the ClusterSet's name) an object belongs to.
     pub const CLUSTER_SET: &str = "multicluster.tether.dev/clusterset";
+    /// The home namespace of the ClusterSet an object belongs to (sets are unique per namespace,
+    /// not per leader: two namespaces may hold sets with the same ID).
+    pub const CLUSTER_SET_NAMESPACE: &str = "multicluster.tether.dev/clusterset-namespace";
     /// The member's cluster name.
     pub const CLUSTER_NAME: &str = "multicluster.tether.dev/cluster-name";
     /// The member's cluster ID.
@@ -58,50 +79,5 @@ pub mod annotations {
 /// The finalizer the leader puts on Leader ClusterSets, to remove members and tokens first.
 pub const LEADER_FINALIZER: &str = "multicluster.tether.dev/leader-cleanup";
 
-/// Condition types and reasons shared by the controllers, the CLI and the tests.
-pub mod conditions {
-    /// ManagedCluster: the member heartbeats. ClusterSet: the set is served.
-    pub const READY: &str = "Ready";
-    /// ClusterSet (leader): deletion waits for members to leave.
-    pub const DELETION_BLOCKED: &str = "DeletionBlocked";
-    /// Ready=Unknown: no heartbeat within the set's gracePeriod.
-    pub const HEARTBEAT_EXPIRED: &str = "HeartbeatExpired";
-    /// Ready=Unknown: approved, no heartbeat yet.
-    pub const AWAITING_HEARTBEAT: &str = "AwaitingHeartbeat";
-    /// Ready=True: heartbeats arrive.
-    pub const HEARTBEAT_RECEIVED: &str = "HeartbeatReceived";
-    /// Member ClusterSet: the leader approved this cluster.
-    pub const REGISTERED: &str = "Registered";
-    /// Member ClusterSet: the leader answers (heartbeats go through).
-    pub const LEADER_REACHABLE: &str = "LeaderReachable";
-    /// Member ClusterSet: the leader's CA was verified (False when verification is skipped).
-    pub const CA_VERIFIED: &str = "CAVerified";
-
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-    use k8s_openapi::jiff::Timestamp;
-
-    /// A condition that keeps its `lastTransitionTime` while its status does not change, so an
-    /// unchanged status compares equal and is not written again.
-    pub fn condition(
-        previous: &[Condition],
-        type_: &str,
-        status: &str,
-        reason: &str,
-        message: String,
-        now: Timestamp,
-    ) -> Condition {
-        let last_transition_time = previous
-            .iter()
-            .find(|c| c.type_ == type_ && c.status == status)
-            .map(|c| c.last_transition_time.clone())
-            .unwrap_or(Time(now));
-        Condition {
-            type_: type_.into(),
-            status: status.into(),
-            reason: reason.into(),
-            message,
-            last_transition_time,
-            observed_generation: None,
-        }
-    }
-}
+/// The finalizer the agent puts on Member ClusterSets, so that deleting one is a clean leave.
+pub const AGENT_FINALIZER: &str = "multicluster.tether.dev/agent-leave";

@@ -84,7 +84,8 @@ pub struct ManagedClusterStatus {
     /// Health of the member's API server (`/livez`, `/readyz`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_server_health: Option<ApiServerHealth>,
-    /// When the leader last saw a heartbeat; written on state changes, not per heartbeat.
+    /// The member's last heartbeat, never written per heartbeat: the leader sets it with every Ready
+    /// change and the agent with every status report (on change, and at least every 5 minutes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat_time: Option<Time>,
     /// When the agent last wrote this status.

@@ -148,6 +148,8 @@ pub enum RegistrationReason {
     InvalidPublicKey,
     /// The ClusterSet is being deleted.
     ClusterSetDeleting,
+    /// The member's namespace exists and was not created by the leader for this member.
+    NamespaceConflict,
 }
 
 /// An admin's decision on a request in Manual mode.

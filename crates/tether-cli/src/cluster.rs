@@ -73,3 +73,25 @@ pub async fn controllers(client: &Client, namespace: &str) -> Vec<(&'static str,
     }
     out
 }
+
+/// Waits up to `within` until `name` in `api` is gone (`kube::runtime::wait`); false on timeout.
+pub async fn wait_deleted<K>(
+    api: &kube::Api<K>,
+    name: &str,
+    uid: Option<String>,
+    within: std::time::Duration,
+) -> anyhow::Result<bool>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let Some(uid) = uid else { return Ok(true) };
+    let gone = kube::runtime::wait::await_condition(
+        api.clone(),
+        name,
+        kube::runtime::wait::conditions::is_deleted(&uid),
+    );
+    match tokio::time::timeout(within, gone).await {
+        Ok(r) => r.map(|_| true).map_err(Into::into),
+        Err(_) => Ok(false),
+    }
+}

@@ -12,15 +12,20 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde::Deserialize;
-use serde_json::json;
-use tether_agent::discovery::{self, Trust};
-use tether_api::ClusterSet;
+use tether_api::clusterset::{ClusterSetRole, ClusterSetSpec, MemberSpec, SecretKeyRef};
+use tether_api::conditions::{ConditionType, Reason, SetState};
+use tether_api::{AGENT_FINALIZER, ClusterSet, SetRef};
+use tether_join::CaPin;
+use tether_join::discovery::{self, Trust};
+use tether_join::settle::Settle;
+use tether_join::token::{MANAGER, parse_join_group, parse_join_service_account};
 
 use crate::cluster::Target;
 
 /// The Secret `join` writes for the agent.
 pub const TOKEN_SECRET: &str = "tether-join-token";
-const MANAGER: &str = "tether-cli";
+/// Its key holding the token.
+const TOKEN_KEY: &str = "token";
 
 /// `tether join`.
 #[derive(clap::Args, Debug)]
@@ -48,22 +53,11 @@ pub struct JoinArgs {
     #[arg(long)]
     pub leader_namespace: Option<String>,
     /// How long to wait for the agent to register and become Ready.
-    #[arg(long, default_value = "3m", value_parser = crate::parse_duration)]
+    #[arg(long, default_value = "3m", value_parser = tether_api::duration::parse)]
     pub timeout: Duration,
     /// Check the leader and the token, print what would be created, create nothing.
     #[arg(long)]
     pub dry_run: bool,
-}
-
-/// `tether leave`.
-#[derive(clap::Args, Debug)]
-pub struct LeaveArgs {
-    /// Wait until the agent has deregistered and the ClusterSet is gone.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub wait: bool,
-    /// How long to wait.
-    #[arg(long, default_value = "2m", value_parser = crate::parse_duration)]
-    pub timeout: Duration,
 }
 
 #[derive(Deserialize, Default)]
@@ -92,8 +86,15 @@ pub fn dns_label(name: &str) -> String {
         .to_string()
 }
 
-/// Joins this cluster; see the module docs.
-pub async fn join(target: &Target, args: JoinArgs) -> anyhow::Result<()> {
+/// What `join` needs from flags and the join config file.
+struct Inputs {
+    leader: String,
+    token: String,
+    pin: CaPin,
+    file: JoinFile,
+}
+
+fn inputs(args: &JoinArgs) -> anyhow::Result<Inputs> {
     let file: JoinFile = match &args.config {
         Some(p) => serde_norway::from_str(
             &std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?,
@@ -108,119 +109,140 @@ pub async fn join(target: &Target, args: JoinArgs) -> anyhow::Result<()> {
     };
     let leader = args
         .leader
-        .or(file.leader_url)
+        .clone()
+        .or(file.leader_url.clone())
         .context("--leader is required (the leader's https:// URL)")?;
     let token = args
         .token
-        .or(file.token)
+        .clone()
+        .or(file.token.clone())
         .context("--token is required (printed by `tether init` on the leader)")?;
-    let hash = args.ca_cert_hash.or(file.ca_cert_hash).context(
+    let hash = args.ca_cert_hash.clone().or(file.ca_cert_hash.clone()).context(
         "--ca-cert-hash is required (printed by `tether init`); it lets the agent verify the leader before sending the token",
     )?;
     if !leader.starts_with("https://") {
         bail!("--leader must be an https:// URL, got {leader:?}");
     }
-    if !hash.starts_with("sha256:") || hash.len() != 71 {
-        bail!("--ca-cert-hash must be sha256:<64 hex digits>, got {hash:?}");
-    }
+    let pin = hash.parse().context("--ca-cert-hash")?;
+    Ok(Inputs {
+        leader,
+        token,
+        pin,
+        file,
+    })
+}
 
-    // 1. The pin, before anything is sent.
-    eprintln!("Checking the leader's CA against {hash}…");
-    let ca = discovery::fetch_leader_ca(&leader).await?;
-    discovery::check_pin(&ca, &hash)?;
-    let trust = Trust::Ca(ca);
-
-    // 2. The token, at the now-trusted leader: valid, and for which set.
-    let leader_client = Client::try_from(discovery::leader_config(&leader, &trust, Some(&token))?)?;
-    let review = Api::<SelfSubjectReview>::all(leader_client)
-        .create(&PostParams::default(), &SelfSubjectReview::default())
-        .await;
+/// Proves the leader by its pin before anything is sent, then asks it who the token is: the
+/// set it joins, home namespace included, if the token names one.
+async fn check_leader(i: &Inputs) -> anyhow::Result<Option<SetRef>> {
+    eprintln!("Checking the leader's CA against {}…", i.pin);
+    let ca = discovery::fetch_leader_ca(&i.leader, &i.pin).await?;
+    let config = discovery::leader_config(&i.leader, &Trust::Ca(ca), Some(&i.token))?;
+    let reviews = Api::<SelfSubjectReview>::all(Client::try_from(config)?);
+    // NB: a token created moments ago may be refused until the API server has seen it.
+    let mut unseen = Settle::unauthorized();
+    let review = loop {
+        match reviews
+            .create(&PostParams::default(), &SelfSubjectReview::default())
+            .await
+        {
+            Err(e) if unseen.tolerate(&e) => tokio::time::sleep(Duration::from_millis(500)).await,
+            other => break other,
+        }
+    };
     let user = match review {
         Ok(r) => r.status.and_then(|s| s.user_info).unwrap_or_default(),
         Err(kube::Error::Api(s)) if s.code == 401 => bail!(
             "the leader rejected the token (expired, deleted or mistyped): create a new one on the leader with \
              `tether token create --clusterset <SET>`; nothing was created here"
         ),
-        Err(e) => return Err(e).context(format!("cannot reach the leader at {leader}")),
+        Err(e) => return Err(e).context(format!("cannot reach the leader at {}", i.leader)),
     };
-    let groups = user.groups.unwrap_or_default();
-    let from_token = groups
+    Ok(user
+        .groups
+        .unwrap_or_default()
         .iter()
-        .find_map(|g| g.strip_prefix("system:bootstrappers:tether:").map(str::to_string));
-    let from_sa = user
-        .username
-        .as_deref()
-        .and_then(|u| u.strip_prefix("system:serviceaccount:"))
-        .and_then(|rest| rest.split_once(':'))
-        .and_then(|(ns, name)| {
-            name.strip_prefix("tether-join-")
-                .map(|set| (ns.to_string(), set.to_string()))
-        });
-    let set = file
-        .cluster_set
-        .or(from_token)
-        .or(from_sa.as_ref().map(|(_, s)| s.clone()))
-        .context("this token does not belong to a Tether ClusterSet: use one printed by `tether init`")?;
-    let leader_ns = args
-        .leader_namespace
-        .or(file.leader_namespace)
-        .or(from_sa.map(|(ns, _)| ns))
-        .unwrap_or_else(|| "tether-system".into());
+        .find_map(|g| parse_join_group(g))
+        .or_else(|| user.username.as_deref().and_then(parse_join_service_account)))
+}
 
-    // 3. This cluster.
-    let config = target.config().await?;
-    let name = match args.name {
-        Some(n) => n,
-        None => {
-            let ctx = target.context.clone().or_else(|| {
-                kube::config::Kubeconfig::read()
-                    .ok()
-                    .and_then(|k| k.current_context)
-            });
-            dns_label(&ctx.unwrap_or_default())
-        }
-    };
+/// This cluster's name in the set: `--name`, else its kubeconfig context as a DNS label.
+fn cluster_name(target: &Target, name: Option<String>) -> anyhow::Result<String> {
+    let name = name.unwrap_or_else(|| {
+        let ctx = target.context.clone().or_else(|| {
+            kube::config::Kubeconfig::read()
+                .ok()
+                .and_then(|k| k.current_context)
+        });
+        dns_label(&ctx.unwrap_or_default())
+    });
     if name.is_empty() {
         bail!("cannot derive a cluster name from the kubeconfig context: pass --name");
     }
+    Ok(name)
+}
+
+/// The Member ClusterSet `set` that makes the agent join `leader_ns` at `i.leader` as `name`.
+fn member_set(i: &Inputs, set: &str, ns: &str, leader_ns: String, name: &str) -> ClusterSet {
+    let spec = MemberSpec {
+        leader_url: i.leader.clone(),
+        leader_namespace: leader_ns,
+        ca_cert_hash: Some(i.pin.to_string()),
+        ca_bundle: None,
+        insecure_skip_ca_verification: false,
+        join_token_secret_ref: SecretKeyRef {
+            name: TOKEN_SECRET.into(),
+            key: TOKEN_KEY.into(),
+        },
+        cluster_name: name.to_string(),
+        cluster_id: None,
+        labels: BTreeMap::new(),
+    };
+    let mut obj = ClusterSet::new(
+        set,
+        ClusterSetSpec {
+            role: ClusterSetRole::Member,
+            leader: None,
+            member: Some(spec),
+        },
+    );
+    obj.metadata.namespace = Some(ns.to_string());
+    obj
+}
+
+/// Joins this cluster; see the module docs.
+pub async fn join(target: &Target, args: JoinArgs) -> anyhow::Result<()> {
+    let i = inputs(&args)?;
+    let from_token = check_leader(&i).await?;
+    let set = i
+        .file
+        .cluster_set
+        .clone()
+        .or(from_token.as_ref().map(|s| s.name.clone()))
+        .context("this token does not belong to a Tether ClusterSet: use one printed by `tether init`")?;
+    let leader_ns = args
+        .leader_namespace
+        .clone()
+        .or(i.file.leader_namespace.clone())
+        .or(from_token.map(|s| s.namespace))
+        .unwrap_or_else(|| "tether-system".into());
+    let name = cluster_name(target, args.name.clone())?;
     let ns = target.namespace.clone();
-    let spec = json!({"leaderURL": leader, "leaderNamespace": leader_ns, "caCertHash": hash,
-                      "joinTokenSecretRef": {"name": TOKEN_SECRET, "key": "token"}, "clusterName": name});
-    let set_obj = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterSet",
-                         "metadata": {"name": set, "namespace": ns}, "spec": {"role": "Member", "member": spec}});
+    let set_obj = member_set(&i, &set, &ns, leader_ns, &name);
     if args.dry_run {
         println!("The leader's CA matches and the token is valid for ClusterSet {set}. Would create:");
         print!("---\n{}", serde_norway::to_string(&set_obj)?);
         println!("---\n# Secret {ns}/{TOKEN_SECRET} holding the join token");
         return Ok(());
     }
-    let client = Client::try_from(config)?;
-    if Api::<Namespace>::all(client.clone())
-        .get_opt(&ns)
-        .await?
-        .is_none()
-    {
-        bail!(
-            "namespace {ns} does not exist here, so no agent is installed: helm install tether-agent \
-             charts/tether-agent -n {ns} --create-namespace (or pass -n with the agent's namespace)"
-        );
-    }
+    let client = Client::try_from(target.config().await?)?;
     let sets = Api::<ClusterSet>::namespaced(client.clone(), &ns);
-    let existing = match sets.get_opt(&set).await {
-        Ok(s) => s,
-        Err(kube::Error::Api(s)) if s.code == 404 => {
-            bail!(
-                "the Tether CRDs are not installed here: helm install tether-agent charts/tether-agent -n {ns}"
-            )
-        }
-        Err(e) => return Err(e.into()),
-    };
-    if let Some(existing) = existing {
+    if let Some(existing) = existing_membership(&client, &sets, &ns, &set).await? {
         let same = existing
             .spec
             .member
             .as_ref()
-            .is_some_and(|m| m.leader_url == leader && m.cluster_name == name);
+            .is_some_and(|m| m.leader_url == i.leader && m.cluster_name == name);
         if !same {
             bail!(
                 "this cluster already has ClusterSet {ns}/{set} with another leader or name: run `tether leave` first"
@@ -229,8 +251,51 @@ pub async fn join(target: &Target, args: JoinArgs) -> anyhow::Result<()> {
         eprintln!("Already joined (ClusterSet {ns}/{set} exists); checking its state…");
         return follow(&sets, &set, args.timeout).await.map(|_| ());
     }
+    create_and_follow(&client, &sets, set_obj, i.token, args.timeout).await
+}
 
-    // 4. Create, follow, and undo on failure or Ctrl-C.
+/// The Member ClusterSet `set` if this cluster has it; an error that says what to install if
+/// the agent is not.
+async fn existing_membership(
+    client: &Client,
+    sets: &Api<ClusterSet>,
+    ns: &str,
+    set: &str,
+) -> anyhow::Result<Option<ClusterSet>> {
+    if Api::<Namespace>::all(client.clone()).get_opt(ns).await?.is_none() {
+        bail!(
+            "namespace {ns} does not exist here, so no agent is installed: helm install tether-agent \
+             charts/tether-agent -n {ns} --create-namespace (or pass -n with the agent's namespace)"
+        );
+    }
+    match sets.get_opt(set).await {
+        Ok(s) => Ok(s),
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            bail!(
+                "the Tether CRDs are not installed here: helm install tether-agent charts/tether-agent -n {ns}"
+            )
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Writes the token Secret and the Member ClusterSet, follows the agent until Ready, and undoes
+/// both on failure, timeout or Ctrl-C.
+async fn create_and_follow(
+    client: &Client,
+    sets: &Api<ClusterSet>,
+    set_obj: ClusterSet,
+    token: String,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let ns = set_obj.namespace().unwrap_or_default();
+    let set = set_obj.name_any();
+    let name = set_obj
+        .spec
+        .member
+        .as_ref()
+        .map(|m| m.cluster_name.clone())
+        .unwrap_or_default();
     let secret = Secret {
         metadata: ObjectMeta {
             name: Some(TOKEN_SECRET.into()),
@@ -241,28 +306,24 @@ pub async fn join(target: &Target, args: JoinArgs) -> anyhow::Result<()> {
             )])),
             ..ObjectMeta::default()
         },
-        string_data: Some(BTreeMap::from([("token".to_string(), token)])),
+        string_data: Some(BTreeMap::from([(TOKEN_KEY.to_string(), token)])),
         ..Secret::default()
     };
     let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
-    let mut body = serde_json::to_value(&secret)?;
-    body["apiVersion"] = json!("v1");
-    body["kind"] = json!("Secret");
     secrets
         .patch(
             TOKEN_SECRET,
             &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(body),
+            &Patch::Apply(&secret),
         )
         .await?;
-    let obj: ClusterSet = serde_json::from_value(set_obj)?;
-    if let Err(e) = sets.create(&PostParams::default(), &obj).await {
-        rollback(&sets, &secrets, &set, false).await;
+    if let Err(e) = sets.create(&PostParams::default(), &set_obj).await {
+        rollback(sets, &secrets, &set, false).await;
         return Err(e).context("cannot create the Member ClusterSet");
     }
     eprintln!("Created Secret {ns}/{TOKEN_SECRET} and ClusterSet {ns}/{set}; waiting for the agent…");
     let outcome = tokio::select! {
-        r = follow(&sets, &set, args.timeout) => r,
+        r = follow(sets, &set, timeout) => r,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
     };
     match outcome {
@@ -271,7 +332,7 @@ pub async fn join(target: &Target, args: JoinArgs) -> anyhow::Result<()> {
             Ok(())
         }
         Err(e) => {
-            rollback(&sets, &secrets, &set, true).await;
+            rollback(sets, &secrets, &set, true).await;
             Err(e.context("join failed; removed the ClusterSet and Secret it had created"))
         }
     }
@@ -284,7 +345,7 @@ async fn follow(sets: &Api<ClusterSet>, set: &str, timeout: Duration) -> anyhow:
     let mut picked_up = false;
     loop {
         let s = sets.get(set).await?;
-        picked_up |= s.finalizers().iter().any(|f| f == tether_agent::AGENT_FINALIZER);
+        picked_up |= s.finalizers().iter().any(|f| f == AGENT_FINALIZER);
         let st = s.status.clone().unwrap_or_default();
         let state = st.state.clone().unwrap_or_else(|| "Pending".into());
         let ns = st.membership.as_ref().and_then(|m| m.namespace.clone());
@@ -296,14 +357,14 @@ async fn follow(sets: &Api<ClusterSet>, set: &str, timeout: Duration) -> anyhow:
             eprintln!("  {line}");
             last = line.clone();
         }
-        if state == "Ready" {
+        if state == SetState::Ready.as_str() {
             return Ok(line);
         }
-        let registered = st.conditions.iter().find(|c| c.type_ == "Registered");
+        let registered = tether_api::conditions::find(&st.conditions, ConditionType::Registered);
         if let Some(c) = registered.filter(|c| c.status == "False")
             && matches!(
-                c.reason.as_str(),
-                "JoinTokenExpired" | "JoinTokenInvalid" | "Denied"
+                c.reason.parse(),
+                Ok(Reason::JoinTokenExpired | Reason::JoinTokenInvalid | Reason::Denied)
             )
         {
             bail!("{}: {}", c.reason, c.message);
@@ -339,44 +400,6 @@ async fn rollback(sets: &Api<ClusterSet>, secrets: &Api<Secret>, set: &str, wait
         }
     }
     let _ = secrets.delete(TOKEN_SECRET, &DeleteParams::default()).await;
-}
-
-/// Leaves: deletes the Member ClusterSet (the agent deregisters through its finalizer).
-pub async fn leave(target: &Target, args: LeaveArgs) -> anyhow::Result<()> {
-    let client = target.client().await?;
-    let ns = target.namespace.as_str();
-    let sets = Api::<ClusterSet>::namespaced(client.clone(), ns);
-    let members: Vec<ClusterSet> = sets
-        .list(&Default::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|s| s.spec.role == tether_api::clusterset::ClusterSetRole::Member)
-        .collect();
-    let Some(set) = members.first() else {
-        println!("this cluster is not a member of any ClusterSet in {ns}; nothing to do");
-        return Ok(());
-    };
-    let name = set.name_any();
-    sets.delete(&name, &DeleteParams::default()).await?;
-    eprintln!("Leaving ClusterSet {name}…");
-    if args.wait {
-        let deadline = tokio::time::Instant::now() + args.timeout;
-        while sets.get_opt(&name).await?.is_some() {
-            if tokio::time::Instant::now() >= deadline {
-                bail!(
-                    "still leaving after {:?}: is the agent running? (kubectl -n {ns} describe clusterset {name})",
-                    args.timeout
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    }
-    let _ = Api::<Secret>::namespaced(client, ns)
-        .delete(TOKEN_SECRET, &DeleteParams::default())
-        .await;
-    println!("Left ClusterSet {name}");
-    Ok(())
 }
 
 #[cfg(test)]

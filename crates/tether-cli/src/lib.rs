@@ -5,11 +5,11 @@
 pub mod cluster;
 pub mod join;
 pub mod leader;
+pub mod leave;
 pub mod output;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
@@ -62,7 +62,7 @@ pub enum Command {
     /// Member: join a leader's ClusterSet (the agent must be installed here).
     Join(join::JoinArgs),
     /// Member: leave the ClusterSet (the agent deregisters at the leader).
-    Leave(join::LeaveArgs),
+    Leave(leave::LeaveArgs),
     /// Print the CLI's version and the Tether controllers it can see.
     Version,
     /// Print shell completions (bash, zsh, fish, powershell, elvish).
@@ -127,7 +127,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status(args) => leader::status(&target, args).await,
         Command::Destroy(args) => leader::destroy(&target, args).await,
         Command::Join(args) => join::join(&target, args).await,
-        Command::Leave(args) => join::leave(&target, args).await,
+        Command::Leave(args) => leave::leave(&target, args).await,
         Command::Version => version(&target).await,
         Command::Completions { .. } => Ok(()),
     }
@@ -144,11 +144,6 @@ async fn version(target: &cluster::Target) -> anyhow::Result<()> {
         Err(err) => println!("(no cluster: {err:#})"),
     }
     Ok(())
-}
-
-/// Parses a Go-style duration flag (`90s`, `5m`, `24h`).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    tether_api::duration::parse(s).ok_or_else(|| format!("{s:?} is not a duration like 90s, 5m or 24h"))
 }
 
 #[cfg(test)]

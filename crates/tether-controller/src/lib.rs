@@ -42,15 +42,11 @@ pub struct AgentArgs {
     #[command(flatten)]
     pub process: ProcessArgs,
     /// How long to wait for the leader's decision (manual approval) before asking again.
-    #[arg(long, env = "TETHER_REGISTRATION_TIMEOUT", default_value = "30m", value_parser = parse_duration)]
+    #[arg(long, env = "TETHER_REGISTRATION_TIMEOUT", default_value = "30m", value_parser = tether_api::duration::parse)]
     pub registration_timeout: std::time::Duration,
     /// How long leaving tries to deregister at an unreachable leader before giving up.
-    #[arg(long, env = "TETHER_LEAVE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, env = "TETHER_LEAVE_TIMEOUT", default_value = "60s", value_parser = tether_api::duration::parse)]
     pub leave_timeout: std::time::Duration,
-}
-
-fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    tether_api::duration::parse(s).ok_or_else(|| format!("{s:?} is not a duration like 90s, 5m or 1h"))
 }
 
 /// Flags of the leader controller.

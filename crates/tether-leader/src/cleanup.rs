@@ -4,10 +4,11 @@
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::events::EventType;
-use kube::{Resource, ResourceExt};
-use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, labels};
+use tether_api::conditions::EventReason;
+use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, SetRef};
 use tracing::info;
 
 use crate::write::{delete, delete_labelled, event, key};
@@ -25,11 +26,11 @@ pub enum Removal {
 }
 
 impl Removal {
-    fn reason(self) -> &'static str {
+    fn reason(self) -> EventReason {
         match self {
-            Removal::Left => "MemberLeft",
-            Removal::Expired => "MemberExpired",
-            Removal::SetDeleted => "MemberRemoved",
+            Removal::Left => EventReason::MemberLeft,
+            Removal::Expired => EventReason::MemberExpired,
+            Removal::SetDeleted => EventReason::MemberRemoved,
         }
     }
 }
@@ -75,14 +76,18 @@ pub async fn remove_member(
     .await?;
     delete(ctx, &Api::<Namespace>::all(ctx.client.clone()), &namespace).await?;
     ctx.health.forget(&key(mc));
-    ctx.metrics.member_removed(why.reason());
-    info!(cluster = %name, cluster_id = %id, set = %mc.spec.cluster_set, %namespace, reason = why.reason(),
+    ctx.metrics.member_removed(why.reason().as_str());
+    info!(cluster = %name, cluster_id = %id, set = %mc.spec.cluster_set, %namespace, reason = %why.reason(),
           "Removed member");
     Ok(())
 }
 
 /// Removes everything of a set being destroyed: members, requests, join tokens and their RBAC.
-pub async fn destroy_set(ctx: &Context, set: &ClusterSet, members: &[&ManagedCluster]) -> Result<(), Error> {
+pub async fn destroy_set(
+    ctx: &Context,
+    set: &ClusterSet,
+    members: &[std::sync::Arc<ManagedCluster>],
+) -> Result<(), Error> {
     for mc in members {
         remove_member(ctx, Some(set), mc, Removal::SetDeleted).await?;
     }
@@ -97,7 +102,8 @@ pub async fn destroy_set(ctx: &Context, set: &ClusterSet, members: &[&ManagedClu
     {
         delete(ctx, &requests, &req.name_any()).await?;
     }
-    let selector = format!("{}={set_name}", labels::CLUSTER_SET);
+    // NB: both labels: another namespace may hold a set with the same ID.
+    let selector = SetRef::of(set).selector();
     // Join tokens are bootstrap-token Secrets in kube-system, labelled with their set by the CLI.
     delete_labelled(
         ctx,
@@ -119,16 +125,4 @@ pub async fn destroy_set(ctx: &Context, set: &ClusterSet, members: &[&ManagedClu
     .await?;
     info!(set = %set_name, namespace = %home, members = members.len(), "Destroyed ClusterSet");
     Ok(())
-}
-
-/// The live (not deleting) members of the set named `set`.
-pub fn live_members<'a>(
-    clusters: &'a [std::sync::Arc<ManagedCluster>],
-    set: &str,
-) -> Vec<&'a ManagedCluster> {
-    clusters
-        .iter()
-        .filter(|mc| mc.spec.cluster_set == set && mc.meta().deletion_timestamp.is_none())
-        .map(|mc| mc.as_ref())
-        .collect()
 }

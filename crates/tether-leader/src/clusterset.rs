@@ -16,7 +16,10 @@ use tether_api::registration::RegistrationResult;
 use tether_api::{ClusterSet, LEADER_FINALIZER, annotations};
 use tracing::warn;
 
-use crate::cleanup::{destroy_set, live_members};
+use tether_api::SetRef;
+use tether_api::conditions::EventReason;
+
+use crate::cleanup::destroy_set;
 use crate::status::leader_status;
 use crate::write::{self, apply_status, event};
 use crate::{Context, Error};
@@ -76,8 +79,7 @@ impl Throttle {
 }
 
 async fn write_status(ctx: &Context, set: &ClusterSet, blocked: Option<String>) -> Result<Action, Error> {
-    let clusters = ctx.clusters.state();
-    let members = live_members(&clusters, &set.name_any());
+    let members = ctx.members_of(&SetRef::of(set));
     let home = set.namespace();
     let pending = ctx
         .requests
@@ -94,15 +96,13 @@ async fn write_status(ctx: &Context, set: &ClusterSet, blocked: Option<String>) 
     }
     if set.status.as_ref() != Some(&status) {
         let api: Api<ClusterSet> = Api::namespaced(ctx.client.clone(), &home.unwrap_or_default());
-        let value = serde_json::to_value(&status).map_err(|e| Error::Serialize(e.to_string()))?;
-        apply_status(ctx, &api, &set.name_any(), value).await?;
+        apply_status(ctx, &api, &set.name_any(), &status).await?;
     }
     Ok(Action::await_change())
 }
 
 async fn cleanup(ctx: &Context, set: &ClusterSet) -> Result<Action, Error> {
-    let clusters = ctx.clusters.state();
-    let members = live_members(&clusters, &set.name_any());
+    let members = ctx.members_of(&SetRef::of(set));
     let forced = set
         .annotations()
         .get(annotations::FORCE_DELETE)
@@ -121,7 +121,15 @@ async fn cleanup(ctx: &Context, set: &ClusterSet) -> Result<Action, Error> {
             .is_some_and(|s| s.conditions.iter().any(|c| c.message == why));
         if !blocked {
             warn!(set = %set.name_any(), members = members.len(), "ClusterSet deletion blocked by members");
-            event(ctx, set, EventType::Warning, "DeletionBlocked", "Delete", &why).await;
+            event(
+                ctx,
+                set,
+                EventType::Warning,
+                EventReason::DeletionBlocked,
+                "Delete",
+                &why,
+            )
+            .await;
         }
         write_status(ctx, set, Some(why)).await?;
         return Err(Error::DeletionBlocked {
@@ -134,7 +142,7 @@ async fn cleanup(ctx: &Context, set: &ClusterSet) -> Result<Action, Error> {
         ctx,
         set,
         EventType::Normal,
-        "Destroyed",
+        EventReason::Destroyed,
         "Delete",
         "members, requests and join tokens removed",
     )

@@ -14,34 +14,23 @@ use tracing::info;
 
 use crate::Error;
 
-/// The namespace and name kubeadm uses, which agents read.
-pub const NAMESPACE: &str = "kube-public";
-/// See `NAMESPACE`.
-pub const NAME: &str = "cluster-info";
+use tether_join::discovery::{DISCOVERY_CONFIGMAP as NAME, DISCOVERY_NAMESPACE as NAMESPACE, cluster_info};
+
 const READER: &str = "tether:cluster-info-reader";
 
 /// The discovery objects: the ConfigMap and the anonymous read access to it.
 pub fn objects(ca_pem: &str, url: &str) -> (ConfigMap, Role, RoleBinding) {
-    use base64::Engine;
-    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
-    let kubeconfig = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: \"\"\n  cluster:\n    certificate-authority-data: {ca}\n    \
-         server: {url}\ncontexts: []\nusers: []\n"
-    );
+    let labels = BTreeMap::from([(
+        tether_api::labels::MANAGED_BY.to_string(),
+        crate::provision::FIELD_MANAGER.to_string(),
+    )]);
     let meta = |name: &str| ObjectMeta {
         name: Some(name.into()),
         namespace: Some(NAMESPACE.into()),
-        labels: Some(BTreeMap::from([(
-            tether_api::labels::MANAGED_BY.to_string(),
-            crate::provision::FIELD_MANAGER.to_string(),
-        )])),
+        labels: Some(labels.clone()),
         ..ObjectMeta::default()
     };
-    let cm = ConfigMap {
-        metadata: meta(NAME),
-        data: Some(BTreeMap::from([("kubeconfig".to_string(), kubeconfig)])),
-        ..ConfigMap::default()
-    };
+    let cm = cluster_info(ca_pem, url, labels.clone());
     let role = Role {
         metadata: meta(READER),
         rules: Some(vec![PolicyRule {
@@ -111,7 +100,7 @@ mod tests {
     #[test]
     fn the_configmap_carries_the_ca_and_only_anonymous_get_on_it() {
         let (cm, role, binding) = objects("-----BEGIN CERTIFICATE-----\n", "https://leader:6443");
-        let kc = &cm.data.unwrap()["kubeconfig"];
+        let kc = &cm.data.unwrap()[tether_join::discovery::DISCOVERY_KEY];
         assert!(
             kc.contains("certificate-authority-data: LS0tLS1CRUdJTi") && kc.contains("https://leader:6443")
         );

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
-use tether_api::conditions::{AWAITING_HEARTBEAT, HEARTBEAT_EXPIRED, HEARTBEAT_RECEIVED};
+use tether_api::conditions::{Reason, Status};
 
 /// What the leader last saw of one member's announce.
 #[derive(Clone, Debug)]
@@ -117,7 +117,7 @@ pub enum Verdict {
     /// No heartbeat yet, or none within the grace period: `Ready=Unknown`.
     Unknown {
         /// `AwaitingHeartbeat` or `HeartbeatExpired`.
-        reason: &'static str,
+        reason: Reason,
         /// When to look again (the end of the grace period or the member's expiry).
         recheck: Duration,
     },
@@ -137,12 +137,12 @@ pub fn judge(obs: Observation, grace: Duration, expiry: Duration) -> Verdict {
         }
     } else if obs.age <= grace {
         Verdict::Unknown {
-            reason: AWAITING_HEARTBEAT,
+            reason: Reason::AwaitingHeartbeat,
             recheck: grace - obs.age + slack,
         }
     } else {
         Verdict::Unknown {
-            reason: HEARTBEAT_EXPIRED,
+            reason: Reason::HeartbeatExpired,
             recheck: expiry - obs.age + slack,
         }
     }
@@ -150,11 +150,11 @@ pub fn judge(obs: Observation, grace: Duration, expiry: Duration) -> Verdict {
 
 impl Verdict {
     /// The Ready condition's status and reason for this verdict.
-    pub fn condition(&self) -> (&'static str, &'static str) {
+    pub fn condition(&self) -> (Status, Reason) {
         match self {
-            Verdict::Ready { .. } => ("True", HEARTBEAT_RECEIVED),
-            Verdict::Unknown { reason, .. } => ("Unknown", reason),
-            Verdict::Expired => ("Unknown", HEARTBEAT_EXPIRED),
+            Verdict::Ready { .. } => (Status::True, Reason::HeartbeatReceived),
+            Verdict::Unknown { reason, .. } => (Status::Unknown, *reason),
+            Verdict::Expired => (Status::Unknown, Reason::HeartbeatExpired),
         }
     }
 }
@@ -240,7 +240,7 @@ mod tests {
                 "just past grace",
                 obs(41, true),
                 Verdict::Unknown {
-                    reason: HEARTBEAT_EXPIRED,
+                    reason: Reason::HeartbeatExpired,
                     recheck: Duration::from_secs(3560),
                 },
             ),
@@ -248,7 +248,7 @@ mod tests {
                 "approved, never renewed",
                 obs(5, false),
                 Verdict::Unknown {
-                    reason: AWAITING_HEARTBEAT,
+                    reason: Reason::AwaitingHeartbeat,
                     recheck: Duration::from_secs(36),
                 },
             ),
@@ -256,7 +256,7 @@ mod tests {
                 "never renewed past grace",
                 obs(50, false),
                 Verdict::Unknown {
-                    reason: HEARTBEAT_EXPIRED,
+                    reason: Reason::HeartbeatExpired,
                     recheck: Duration::from_secs(3551),
                 },
             ),
@@ -265,6 +265,9 @@ mod tests {
         for (what, o, want) in cases {
             assert_eq!(judge(o, grace, expiry), want, "{what}");
         }
-        assert_eq!(Verdict::Expired.condition(), ("Unknown", HEARTBEAT_EXPIRED));
+        assert_eq!(
+            Verdict::Expired.condition(),
+            (Status::Unknown, Reason::HeartbeatExpired)
+        );
     }
 }

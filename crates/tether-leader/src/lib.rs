@@ -16,25 +16,26 @@ pub mod naming;
 pub mod policy;
 pub mod provision;
 pub mod registration;
+mod run;
 pub mod status;
+mod streams;
 pub mod write;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
-use kube::runtime::controller::{self, Action, Controller};
-use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, predicates, watcher};
-use kube::{Api, Client, ResourceExt};
+use futures::Stream;
+use kube::runtime::controller::Action;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource, ResourceExt};
 use tether_api::clusterset::ClusterSetRole;
-use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, MemberClusterAnnounce, labels};
+use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, MemberClusterAnnounce, SetRef};
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::warn;
 
 pub use metrics::Metrics;
+pub use run::run;
 
 /// What the leader controller needs to run.
 pub struct Options {
@@ -116,13 +117,38 @@ impl Context {
         );
     }
 
-    /// The Leader ClusterSet named `name`.
-    // NB: set names are unique on a leader: member namespaces and labels carry only the name.
-    pub fn leader_set(&self, name: &str) -> Option<Arc<ClusterSet>> {
+    /// The Leader ClusterSet `set`.
+    pub fn leader_set(&self, set: &SetRef) -> Option<Arc<ClusterSet>> {
         self.sets
+            .get(&ObjectRef::new(&set.name).within(&set.namespace))
+            .filter(|s| s.spec.role == ClusterSetRole::Leader)
+    }
+
+    /// The set a member belongs to, from its labels. NB: members approved before sets were
+    /// keyed by namespace carry only the set name; such a member belongs to the one Leader set
+    /// of that name, and to none while the name is ambiguous.
+    pub fn set_of(&self, mc: &ManagedCluster) -> Option<SetRef> {
+        if let Some(set) = SetRef::from_labels(mc.labels()) {
+            return Some(set);
+        }
+        let mut named = self
+            .sets
             .state()
             .into_iter()
-            .find(|s| s.name_any() == name && s.spec.role == ClusterSetRole::Leader)
+            .filter(|s| s.name_any() == mc.spec.cluster_set && s.spec.role == ClusterSetRole::Leader);
+        match (named.next(), named.next()) {
+            (Some(only), None) => Some(SetRef::of(&only)),
+            _ => None,
+        }
+    }
+
+    /// The live (not deleting) members of `set`.
+    pub fn members_of(&self, set: &SetRef) -> Vec<Arc<ManagedCluster>> {
+        self.clusters
+            .state()
+            .into_iter()
+            .filter(|mc| mc.meta().deletion_timestamp.is_none() && self.set_of(mc).as_ref() == Some(set))
+            .collect()
     }
 }
 
@@ -229,191 +255,11 @@ fn slim_cluster(mc: &mut ManagedCluster) {
     if let Some(status) = mc.status.as_mut() {
         let conditions = std::mem::take(&mut status.conditions)
             .into_iter()
-            .filter(|c| c.type_ == tether_api::conditions::READY)
+            .filter(|c| c.type_ == tether_api::conditions::ConditionType::Ready)
             .collect();
         *status = tether_api::ManagedClusterStatus {
             conditions,
             ..Default::default()
         };
     }
-}
-
-/// Runs the leader's controllers until `shutdown` is cancelled.
-pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
-    let cfg = controller::Config::default().concurrency(16);
-
-    // Registration requests: the primary of the registration controller; its cache counts Pending.
-    // NB: cached without the sealed credential, which the leader never reads back.
-    let (requests, requests_writer) = reflector::store();
-    let requests_stream = reflector::reflector(
-        requests_writer,
-        watcher(
-            Api::<ClusterRegistrationRequest>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .modify(|r: &mut ClusterRegistrationRequest| {
-            slim(r);
-            if let Some(status) = r.status.as_mut() {
-                status.credential = None;
-            }
-        }),
-    )
-    .default_backoff()
-    .touched_objects();
-    // NB: no concurrency limit here: kube-runtime holds the reconciles it cannot start in a
-    // HashSet and picks from it in hash order, which starved early requests for minutes at 3,000
-    // simultaneous registrations (p99 226 s at p50 9 s). Reconciles of decided requests return at
-    // once; Pending ones wait for a FIFO semaphore (`Context::provisioning`) instead.
-    let registration =
-        Controller::for_stream(requests_stream, requests.clone()).with_config(cfg.clone().concurrency(0));
-
-    // ClusterSets: the primary of the set controller; status is throttled to once a second per
-    // set, so a burst of member changes becomes one write a second.
-    let sets_ctl = Controller::new(Api::<ClusterSet>::all(client.clone()), watcher::Config::default())
-        .with_config(cfg.clone());
-    let sets = sets_ctl.store();
-
-    // ManagedClusters and announces: one watch each, shared by the member controller's trigger
-    // and the caches the other controllers read.
-    let selector = watcher::Config::default().labels(labels::CLUSTER_SET);
-    let (clusters, clusters_writer) = reflector::store();
-    let clusters_stream = reflector::reflector(
-        clusters_writer,
-        watcher(Api::<ManagedCluster>::all(client.clone()), selector.clone()).modify(slim_cluster),
-    )
-    .default_backoff()
-    .touched_objects();
-    let (announces, announces_writer) = reflector::store();
-    let announces_stream = reflector::reflector(
-        announces_writer,
-        watcher(
-            Api::<MemberClusterAnnounce>::all(client.clone()),
-            selector.clone(),
-        )
-        .modify(slim),
-    )
-    .default_backoff()
-    .touched_objects();
-
-    let reporter = Reporter {
-        controller: "tether-leader".into(),
-        instance: opts.instance.clone(),
-    };
-    // NB: `Store::wait_until_ready` wakes only its latest waiter, so one task waits for the
-    // caches and publishes the result on a watch channel that any number of reconciles can await.
-    let (synced_tx, synced) = watch::channel(false);
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        sets: sets.clone(),
-        clusters: clusters.clone(),
-        announces,
-        requests: requests.clone(),
-        health: health::Tracker::default(),
-        recorder: Recorder::new(client.clone(), reporter),
-        leader_ca: opts.leader_ca,
-        metrics: opts.metrics,
-        leader: opts.leader.clone(),
-        synced,
-        provisioning: tokio::sync::Semaphore::new(PROVISIONING_SLOTS),
-        status_throttle: clusterset::Throttle::default(),
-    });
-
-    // A ClusterSet created or changed re-queues every request of its namespace.
-    let requests_of_set = {
-        let requests = requests.clone();
-        move |set: ClusterSet| {
-            let ns = set.namespace();
-            requests
-                .state()
-                .into_iter()
-                .filter(move |r| r.namespace() == ns)
-                .map(|r| ObjectRef::from_obj(r.as_ref()))
-                .collect::<Vec<_>>()
-        }
-    };
-    // Only spec changes (generation) matter to requests; status writes, once a second while
-    // members join, would otherwise re-queue every request each time.
-    let set_specs = watcher(Api::<ClusterSet>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .touched_objects()
-        .predicate_filter(predicates::generation, Default::default());
-    let registration = registration
-        .watches_stream(set_specs, requests_of_set)
-        .reconcile_all_on(on_gaining(opts.leader.clone()))
-        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-        .run(registration::reconcile, error_policy, ctx.clone())
-        .for_each(|_| async {});
-
-    let members = Controller::for_stream(clusters_stream, clusters.clone())
-        .with_config(cfg)
-        .watches_stream(announces_stream, members::announce_owner)
-        .reconcile_all_on(on_gaining(opts.leader.clone()))
-        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-        .run(members::reconcile, error_policy, ctx.clone())
-        .for_each(|_| async {});
-
-    // Member and request changes wake their set; the status is recomputed and written if changed.
-    let set_of_member = {
-        let ctx = ctx.clone();
-        move |mc: ManagedCluster| {
-            ctx.leader_set(&mc.spec.cluster_set)
-                .map(|s| clusterset::set_ref(&s))
-        }
-    };
-    let set_of_request = {
-        let sets = sets.clone();
-        move |r: ClusterRegistrationRequest| {
-            clusterset::set_in(&sets, &r.namespace().unwrap_or_default()).map(|s| clusterset::set_ref(&s))
-        }
-    };
-    let sets_ctl = sets_ctl
-        .watches(
-            Api::<ManagedCluster>::all(client.clone()),
-            selector,
-            set_of_member,
-        )
-        .watches(
-            Api::<ClusterRegistrationRequest>::all(client.clone()),
-            watcher::Config::default(),
-            set_of_request,
-        )
-        .reconcile_all_on(on_gaining(opts.leader.clone()))
-        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-        .run(clusterset::reconcile, error_policy, ctx.clone())
-        .for_each(|_| async {});
-
-    // The discovery ConfigMap, published once this replica leads (retried until it works).
-    let publish = {
-        let ctx = ctx.clone();
-        let url = opts.leader_url.clone();
-        let mut leader = opts.leader.clone();
-        async move {
-            loop {
-                if leader.wait_for(|l| *l).await.is_err() {
-                    return;
-                }
-                match discovery::publish(&ctx.client, &ctx.leader_ca, &url).await {
-                    Ok(()) => return,
-                    Err(err) => warn!(
-                        error = &err as &dyn std::error::Error,
-                        "Cannot publish cluster-info; retrying"
-                    ),
-                }
-                tokio::time::sleep(Duration::from_secs(10)).await;
-            }
-        }
-    };
-    let publish = tokio::spawn(publish);
-    let ready = {
-        let ctx = ctx.clone();
-        async move {
-            ctx.wait_caches().await;
-            info!("Caches synced; ready");
-            synced_tx.send_replace(true);
-            opts.ready.send_replace(true);
-        }
-    };
-    futures::join!(registration, members, sets_ctl, ready);
-    publish.abort();
-    info!("Leader controllers stopped");
 }

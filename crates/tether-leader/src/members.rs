@@ -12,9 +12,8 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use serde_json::json;
-use tether_api::conditions::{AWAITING_HEARTBEAT, HEARTBEAT_EXPIRED, READY};
-use tether_api::{ManagedCluster, MemberClusterAnnounce, duration};
+use tether_api::conditions::{ConditionType, EventReason, Reason, Status};
+use tether_api::{ManagedCluster, ManagedClusterStatus, MemberClusterAnnounce};
 use tracing::{info, warn};
 
 use crate::cleanup::{Removal, remove_member};
@@ -23,9 +22,6 @@ use crate::status::condition;
 use crate::write::{apply_status, event, key};
 use crate::{Context, Error};
 
-/// Defaults of the ClusterSet spec, used when a set's durations cannot be read.
-const DEFAULT_GRACE: Duration = Duration::from_secs(40);
-const DEFAULT_EXPIRY: Duration = Duration::from_secs(24 * 3600);
 /// How long a just-approved member may lack its announce in the cache before it counts as left.
 const ANNOUNCE_SETTLE: Duration = Duration::from_secs(2);
 
@@ -38,7 +34,7 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
     let _timer = ctx.metrics.reconcile_timer("member");
     let namespace = mc.namespace().unwrap_or_default();
     let name = mc.name_any();
-    let set = ctx.leader_set(&mc.spec.cluster_set);
+    let set = ctx.set_of(&mc).and_then(|set| ctx.leader_set(&set));
     let announce_ref = ObjectRef::<MemberClusterAnnounce>::new(&name).within(&namespace);
     let Some(announce) = ctx.announces.get(&announce_ref) else {
         // NB: the announce comes from another watch than the ManagedCluster; confirm with a read
@@ -69,8 +65,7 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
         .as_ref()
         .and_then(|s| s.spec.leader.clone())
         .unwrap_or_default();
-    let grace = duration::parse(&policy.grace_period).unwrap_or(DEFAULT_GRACE);
-    let expiry = duration::parse(&policy.member_expiry).unwrap_or(DEFAULT_EXPIRY);
+    let (grace, expiry) = (policy.grace(), policy.expiry());
     let verdict = judge(obs, grace, expiry);
     let (status, reason) = verdict.condition();
     let recheck = match verdict {
@@ -86,50 +81,69 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
         .as_ref()
         .map(|s| s.conditions.as_slice())
         .unwrap_or_default();
-    let current = previous.iter().find(|c| c.type_ == READY);
-    if current.map(|c| (c.status.as_str(), c.reason.as_str())) != Some((status, reason)) {
+    let current = tether_api::conditions::find(previous, ConditionType::Ready);
+    if current.map(|c| (c.status.as_str(), c.reason.as_str())) != Some((status.as_str(), reason.as_str())) {
         let message = match reason {
-            AWAITING_HEARTBEAT => "approved; waiting for the agent's first heartbeat".to_string(),
-            HEARTBEAT_EXPIRED => format!(
+            Reason::AwaitingHeartbeat => "approved; waiting for the agent's first heartbeat".to_string(),
+            Reason::HeartbeatExpired => format!(
                 "no heartbeat for more than {}: check that the agent runs and reaches the leader",
                 policy.grace_period
             ),
             _ => "heartbeats arrive".to_string(),
         };
-        let cond = condition(previous, READY, status, reason, message.clone(), Timestamp::now());
+        let cond = condition(
+            previous,
+            ConditionType::Ready,
+            status,
+            reason,
+            message.clone(),
+            Timestamp::now(),
+        );
+        // NB: the last heartbeat rides along with every Ready change (and the agent's periodic
+        // report), so LAST HEARTBEAT is true at each transition without a write per heartbeat.
+        let last_heartbeat_time = announce
+            .spec
+            .renew_time
+            .as_ref()
+            .map(|t| k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t.0));
+        let patch = ManagedClusterStatus {
+            conditions: vec![cond],
+            last_heartbeat_time,
+            ..ManagedClusterStatus::default()
+        };
         let api = Api::<ManagedCluster>::namespaced(ctx.client.clone(), &namespace);
-        apply_status(&ctx, &api, &name, json!({ "conditions": [cond] })).await?;
-        let was_lost = current.is_some_and(|c| c.reason == HEARTBEAT_EXPIRED);
-        if reason == HEARTBEAT_EXPIRED {
+        apply_status(&ctx, &api, &name, &patch).await?;
+        let was_lost = current.is_some_and(|c| c.reason == Reason::HeartbeatExpired);
+        if reason == Reason::HeartbeatExpired {
             warn!(cluster = %name, cluster_id = %mc.spec.cluster_id, set = %mc.spec.cluster_set,
                   age_seconds = obs.age.as_secs(), "Member lost: heartbeat expired");
             event(
                 &ctx,
                 mc.as_ref(),
                 EventType::Warning,
-                "MemberLost",
+                EventReason::MemberLost,
                 "Heartbeat",
                 &message,
             )
             .await;
-        } else if status == "True" && was_lost {
+        } else if status == Status::True && was_lost {
             info!(cluster = %name, cluster_id = %mc.spec.cluster_id, set = %mc.spec.cluster_set, "Member recovered");
             event(
                 &ctx,
                 mc.as_ref(),
                 EventType::Normal,
-                "MemberRecovered",
+                EventReason::MemberRecovered,
                 "Heartbeat",
                 "heartbeats resumed",
             )
             .await;
-        } else if status == "True" {
+        } else if status == Status::True {
             info!(cluster = %name, cluster_id = %mc.spec.cluster_id, set = %mc.spec.cluster_set, "Member ready");
             event(
                 &ctx,
                 mc.as_ref(),
                 EventType::Normal,
-                "MemberReady",
+                EventReason::MemberReady,
                 "Heartbeat",
                 "first heartbeat received",
             )

@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use kube::ResourceExt;
 use kube::api::ObjectMeta;
 use tether_api::{
     ClusterRegistrationRequest, ManagedCluster, ManagedClusterSpec, MemberClusterAnnounce,
-    MemberClusterAnnounceSpec, annotations, labels,
+    MemberClusterAnnounceSpec, SetRef, annotations, labels,
 };
 
 use crate::naming::{AGENT_ROLE, AGENT_SERVICE_ACCOUNT};
@@ -33,10 +34,10 @@ pub struct MemberObjects {
     pub announce: MemberClusterAnnounce,
 }
 
-/// Labels identifying a member's objects.
-pub fn member_labels(set: &str, name: &str, id: &str) -> BTreeMap<String, String> {
-    let mut l = BTreeMap::from([
-        (labels::CLUSTER_SET.to_string(), set.to_string()),
+/// Labels identifying a member's objects: its set (namespace and name), its name and ID.
+pub fn member_labels(set: &SetRef, name: &str, id: &str) -> BTreeMap<String, String> {
+    let mut l = set.labels();
+    l.extend([
         (labels::CLUSTER_NAME.to_string(), name.to_string()),
         (labels::MANAGED_BY.to_string(), FIELD_MANAGER.to_string()),
     ]);
@@ -50,7 +51,7 @@ pub fn member_labels(set: &str, name: &str, id: &str) -> BTreeMap<String, String
 /// Builds the member's objects for an approved request.
 pub fn member_objects(
     req: &ClusterRegistrationRequest,
-    set: &str,
+    set: &SetRef,
     namespace: &str,
     heartbeat_seconds: i32,
 ) -> MemberObjects {
@@ -119,7 +120,7 @@ pub fn member_objects(
         name,
         ManagedClusterSpec {
             cluster_id: id.into(),
-            cluster_set: set.into(),
+            cluster_set: set.name.clone(),
         },
     );
     managed_cluster.metadata = ObjectMeta {
@@ -159,6 +160,15 @@ pub fn member_objects(
     }
 }
 
+/// Whether `ns` is the dedicated namespace the leader created for member `name` of `set`: the
+/// leader adopts no other (an admin's namespace, or one of another member or set).
+pub fn is_members_namespace(ns: &Namespace, set: &SetRef, name: &str) -> bool {
+    let l = ns.labels();
+    set.owns(l)
+        && l.get(labels::CLUSTER_NAME).map(String::as_str) == Some(name)
+        && l.get(labels::MANAGED_BY).map(String::as_str) == Some(FIELD_MANAGER)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,7 +186,8 @@ mod tests {
                 labels: BTreeMap::from([("region".to_string(), "eu".to_string())]),
             },
         );
-        let objs = member_objects(&req, "prod", "tether-prod-east", 10);
+        let set = SetRef::new("tether-system", "prod");
+        let objs = member_objects(&req, &set, "tether-prod-east", 10);
         let rules = objs.role.rules.unwrap();
         for r in &rules {
             let writes = r
@@ -209,7 +220,16 @@ mod tests {
         );
         assert_eq!(objs.announce.spec.heartbeat_interval_seconds, Some(10));
         assert!(objs.namespace.metadata.namespace.is_none());
+        assert!(is_members_namespace(&objs.namespace, &set, "east"));
+        assert!(!is_members_namespace(
+            &objs.namespace,
+            &SetRef::new("other", "prod"),
+            "east"
+        ));
+        assert!(!is_members_namespace(&objs.namespace, &set, "west"));
+        assert!(
+            !is_members_namespace(&Namespace::default(), &set, "east"),
+            "an unlabelled namespace is not adopted"
+        );
     }
-
-    use kube::ResourceExt;
 }

@@ -11,12 +11,12 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use serde_json::json;
-use tether_api::conditions::{HEARTBEAT_EXPIRED, READY};
-use tether_api::registration::{RegistrationReason, RegistrationResult};
-use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, MemberClusterAnnounce, duration};
+use tether_api::conditions::{ConditionType, EventReason, Reason, find};
+use tether_api::registration::{RegistrationReason, RegistrationResult, SealedCredential};
+use tether_api::{
+    ClusterRegistrationRequest, ClusterSet, ManagedCluster, MemberClusterAnnounce, RegistrationStatus, SetRef,
+};
 use tether_seal::MemberCredential;
 use tracing::{info, warn};
 
@@ -24,7 +24,7 @@ use crate::cleanup::{Removal, remove_member};
 use crate::clusterset::set_in;
 use crate::naming::{AGENT_SERVICE_ACCOUNT, member_namespace};
 use crate::policy::{Decision, Member, decide};
-use crate::provision::member_objects;
+use crate::provision::{is_members_namespace, member_objects};
 use crate::write::{apply, apply_status, event};
 use crate::{Context, Error};
 
@@ -46,28 +46,20 @@ pub async fn reconcile(req: Arc<ClusterRegistrationRequest>, ctx: Arc<Context>) 
         .map_err(|_| Error::Invariant("the provisioning semaphore is never closed"))?;
     let _timer = ctx.metrics.reconcile_timer("registration");
     let ns = req.namespace().unwrap_or_default();
-    let set = set_in(&ctx.sets, &ns).or_else(|| {
-        ctx.sets
-            .state()
-            .into_iter()
-            .find(|s| s.namespace().as_deref() == Some(ns.as_str()))
-    });
-    let set_name = set.as_ref().map(|s| s.name_any()).unwrap_or_default();
-    let members = members_of(&ctx, &set_name);
+    let set = set_in(&ctx.sets, &ns);
+    let members = set
+        .as_ref()
+        .map(|s| members_of(&ctx, &SetRef::of(s)))
+        .unwrap_or_default();
     match decide(&req, set.as_deref(), &members) {
         Decision::Wait { reason, message } => {
             if status.reason != reason {
-                write_status(
-                    &ctx,
-                    &req,
-                    json!({"result": "Pending", "reason": reason, "message": message}),
-                )
-                .await?;
+                write_status(&ctx, &req, RegistrationResult::Pending, reason, &message).await?;
                 event(
                     &ctx,
                     req.as_ref(),
                     EventType::Normal,
-                    "AwaitingApproval",
+                    EventReason::AwaitingApproval,
                     "Register",
                     &message,
                 )
@@ -75,26 +67,7 @@ pub async fn reconcile(req: Arc<ClusterRegistrationRequest>, ctx: Arc<Context>) 
             }
             Ok(Action::await_change())
         }
-        Decision::Deny { reason, message } => {
-            warn!(request = %req.name_any(), namespace = %ns, ?reason, %message, "Denied registration");
-            write_status(
-                &ctx,
-                &req,
-                json!({"result": "Denied", "reason": reason, "message": message}),
-            )
-            .await?;
-            event(
-                &ctx,
-                req.as_ref(),
-                EventType::Warning,
-                "RegistrationDenied",
-                "Register",
-                &message,
-            )
-            .await;
-            ctx.metrics.registrations(reason_label(reason));
-            Ok(Action::await_change())
-        }
+        Decision::Deny { reason, message } => deny(&ctx, &req, reason, &message).await,
         Decision::Approve { rejoin } => {
             let set = set.ok_or(Error::Invariant("approved without a ClusterSet"))?;
             approve(&req, &set, rejoin, &ctx).await
@@ -102,12 +75,32 @@ pub async fn reconcile(req: Arc<ClusterRegistrationRequest>, ctx: Arc<Context>) 
     }
 }
 
+async fn deny(
+    ctx: &Context,
+    req: &ClusterRegistrationRequest,
+    reason: RegistrationReason,
+    message: &str,
+) -> Result<Action, Error> {
+    warn!(request = %req.name_any(), namespace = %req.namespace().unwrap_or_default(), ?reason, %message,
+          "Denied registration");
+    write_status(ctx, req, RegistrationResult::Denied, reason, message).await?;
+    event(
+        ctx,
+        req,
+        EventType::Warning,
+        EventReason::RegistrationDenied,
+        "Register",
+        message,
+    )
+    .await;
+    ctx.metrics.registrations(reason_label(reason));
+    Ok(Action::await_change())
+}
+
 /// Members of a set as the policy sees them, from the ManagedCluster store.
-fn members_of(ctx: &Context, set: &str) -> Vec<Member> {
-    ctx.clusters
-        .state()
+fn members_of(ctx: &Context, set: &SetRef) -> Vec<Member> {
+    ctx.members_of(set)
         .iter()
-        .filter(|mc| mc.spec.cluster_set == set)
         .map(|mc| Member {
             name: mc.name_any(),
             cluster_id: mc.spec.cluster_id.clone(),
@@ -118,12 +111,25 @@ fn members_of(ctx: &Context, set: &str) -> Vec<Member> {
                 .unwrap_or_default(),
             // NB: a member awaiting its first heartbeat is alive; only an expired one is not.
             alive: !mc.status.as_ref().is_some_and(|s| {
-                s.conditions
-                    .iter()
-                    .any(|c| c.type_ == READY && c.reason == HEARTBEAT_EXPIRED)
-            }) && mc.meta().deletion_timestamp.is_none(),
+                find(&s.conditions, ConditionType::Ready)
+                    .is_some_and(|c| c.reason == Reason::HeartbeatExpired)
+            }),
         })
         .collect()
+}
+
+/// Where a member of `set` named `name` lives: the namespace of its existing ManagedCluster
+/// (so a rejoin never moves it), else the name computed for it.
+fn namespace_for(ctx: &Context, set: &SetRef, name: &str) -> (String, Option<Arc<ManagedCluster>>) {
+    let existing = ctx
+        .clusters
+        .state()
+        .into_iter()
+        .find(|mc| mc.name_any() == name && ctx.set_of(mc).as_ref() == Some(set));
+    match existing {
+        Some(mc) => (mc.namespace().unwrap_or_default(), Some(mc)),
+        None => (member_namespace(set, name), None),
+    }
 }
 
 async fn approve(
@@ -132,12 +138,11 @@ async fn approve(
     rejoin: bool,
     ctx: &Context,
 ) -> Result<Action, Error> {
-    let set_name = set.name_any();
+    let set_ref = SetRef::of(set);
     let name = req.spec.cluster_name.clone();
-    let namespace = member_namespace(&set_name, &name);
+    let (namespace, existing) = namespace_for(ctx, &set_ref, &name);
     // A dead member with this name but another ID or key is replaced: its namespace goes first,
     // since the ManagedCluster's ID is immutable and its old credential must die.
-    let existing = ctx.clusters.get(&ObjectRef::new(&name).within(&namespace));
     if let Some(old) = existing {
         let key = old.annotations().get(tether_api::annotations::PUBLIC_KEY);
         if old.meta().deletion_timestamp.is_some() {
@@ -146,19 +151,41 @@ async fn approve(
         if old.spec.cluster_id != req.spec.cluster_id || key != Some(&req.spec.public_key) {
             info!(cluster = %name, old_id = %old.spec.cluster_id, new_id = %req.spec.cluster_id,
                   "Replacing an expired member with the same name");
+            // NB: no set: removing "its requests" would take this very request when the ID is the same.
             remove_member(ctx, None, &old, Removal::Expired).await?;
             return Ok(Action::requeue(REPLACE_RETRY));
         }
     }
+    // The leader adopts no namespace it did not create for this very member.
+    let namespaces = Api::<Namespace>::all(ctx.client.clone());
+    let found = namespaces
+        .get_opt(&namespace)
+        .await
+        .map_err(|source| Error::Api {
+            op: "get member namespace",
+            name: namespace.clone(),
+            source,
+        })?;
+    match found {
+        Some(ns) if ns.metadata.deletion_timestamp.is_some() => return Ok(Action::requeue(REPLACE_RETRY)),
+        Some(ns) if !is_members_namespace(&ns, &set_ref, &name) => {
+            let message = format!(
+                "namespace {namespace} already exists and was not created by Tether for member {name} of \
+                 ClusterSet {set_ref}; the leader does not take over namespaces: remove or rename it, or \
+                 register under another cluster name"
+            );
+            return deny(ctx, req, RegistrationReason::NamespaceConflict, &message).await;
+        }
+        _ => {}
+    }
     let policy = set.spec.leader.clone().unwrap_or_default();
-    let heartbeat = duration::parse(&policy.heartbeat_interval).unwrap_or(Duration::from_secs(10));
-    let ttl = duration::parse(&policy.credential_ttl).unwrap_or(Duration::from_secs(3600));
-    let objs = member_objects(req, &set_name, &namespace, heartbeat.as_secs().max(1) as i32);
+    let (heartbeat, ttl) = (policy.heartbeat(), policy.credential_lifetime());
+    let objs = member_objects(req, &set_ref, &namespace, heartbeat.as_secs().max(1) as i32);
 
     let client = ctx.client.clone();
     // Three round trips instead of eight: the namespace; the ServiceAccount, Role and announce;
     // then what needs them (RoleBinding, ManagedCluster, token).
-    apply(ctx, &Api::<Namespace>::all(client.clone()), &objs.namespace).await?;
+    apply(ctx, &namespaces, &objs.namespace).await?;
     let (sa_api, role_api, binding_api, announce_api, clusters_api) = (
         Api::<ServiceAccount>::namespaced(client.clone(), &namespace),
         Api::<Role>::namespaced(client.clone(), &namespace),
@@ -200,10 +227,10 @@ async fn approve(
     let token_status = token
         .status
         .ok_or(Error::Invariant("TokenRequest answered without a token"))?;
-    let expiry = token_status.expiration_timestamp.0.to_string();
+    let expiry = token_status.expiration_timestamp.clone();
     let credential = MemberCredential {
         token: token_status.token,
-        expiration_timestamp: expiry.clone(),
+        expiration_timestamp: expiry.0.to_string(),
         namespace: namespace.clone(),
         service_account: AGENT_SERVICE_ACCOUNT.into(),
         ca_cert: ctx.leader_ca.clone(),
@@ -212,21 +239,26 @@ async fn approve(
     let message = if rejoin {
         format!("re-registered; namespace {namespace}")
     } else {
-        format!("joined ClusterSet {set_name}; namespace {namespace}")
+        format!("joined ClusterSet {}; namespace {namespace}", set_ref.name)
     };
-    write_status(
-        ctx,
-        req,
-        json!({"result": "Approved", "reason": "Approved", "message": message, "namespace": namespace,
-               "credential": {"sealed": sealed, "expirationTime": expiry}}),
-    )
-    .await?;
-    info!(cluster = %name, cluster_id = %req.spec.cluster_id, set = %set_name, %namespace, rejoin, "Approved registration");
+    let status = RegistrationStatus {
+        result: RegistrationResult::Approved,
+        reason: RegistrationReason::Approved,
+        message: Some(message.clone()),
+        namespace: Some(namespace.clone()),
+        credential: Some(SealedCredential {
+            sealed,
+            expiration_time: Some(expiry),
+        }),
+        ..RegistrationStatus::default()
+    };
+    apply_status(ctx, &requests_api(ctx, req), &req.name_any(), &status).await?;
+    info!(cluster = %name, cluster_id = %req.spec.cluster_id, set = %set_ref, %namespace, rejoin, "Approved registration");
     event(
         ctx,
         req,
         EventType::Normal,
-        "RegistrationApproved",
+        EventReason::RegistrationApproved,
         "Register",
         &message,
     )
@@ -235,14 +267,25 @@ async fn approve(
     Ok(Action::await_change())
 }
 
+fn requests_api(ctx: &Context, req: &ClusterRegistrationRequest) -> Api<ClusterRegistrationRequest> {
+    Api::namespaced(ctx.client.clone(), &req.namespace().unwrap_or_default())
+}
+
+/// Writes a Pending or Denied result (the fields the leader owns; an admin's decision stays).
 async fn write_status(
     ctx: &Context,
     req: &ClusterRegistrationRequest,
-    status: serde_json::Value,
+    result: RegistrationResult,
+    reason: RegistrationReason,
+    message: &str,
 ) -> Result<(), Error> {
-    let api: Api<ClusterRegistrationRequest> =
-        Api::namespaced(ctx.client.clone(), &req.namespace().unwrap_or_default());
-    apply_status(ctx, &api, &req.name_any(), status).await
+    let status = RegistrationStatus {
+        result,
+        reason,
+        message: Some(message.to_string()),
+        ..RegistrationStatus::default()
+    };
+    apply_status(ctx, &requests_api(ctx, req), &req.name_any(), &status).await
 }
 
 fn reason_label(reason: RegistrationReason) -> &'static str {
@@ -254,6 +297,7 @@ fn reason_label(reason: RegistrationReason) -> &'static str {
         RegistrationReason::ClusterSetNotFound => "ClusterSetNotFound",
         RegistrationReason::InvalidPublicKey => "InvalidPublicKey",
         RegistrationReason::ClusterSetDeleting => "ClusterSetDeleting",
+        RegistrationReason::NamespaceConflict => "NamespaceConflict",
         RegistrationReason::AwaitingLeader
         | RegistrationReason::AwaitingApproval
         | RegistrationReason::Approved => "Other",

@@ -7,14 +7,14 @@ use std::cmp::Reverse;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use tether_api::clusterset::{MAX_MEMBER_SUMMARY, MemberCounts, MemberSummary};
-use tether_api::conditions::{DELETION_BLOCKED, READY};
+use tether_api::conditions::{ConditionType, Reason, SetState, Status};
 use tether_api::{ClusterSet, ClusterSetStatus, ManagedCluster};
 
 /// The status of a member's Ready condition (`True`, `False` or `Unknown`).
 pub fn ready_status(mc: &ManagedCluster) -> &str {
     mc.status
         .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == READY))
+        .and_then(|s| tether_api::conditions::find(&s.conditions, ConditionType::Ready))
         .map(|c| c.status.as_str())
         .unwrap_or("Unknown")
 }
@@ -23,7 +23,7 @@ pub fn ready_status(mc: &ManagedCluster) -> &str {
 /// `blocked` is the reason a deletion waits, if it does.
 pub fn leader_status(
     set: &ClusterSet,
-    members: &[&ManagedCluster],
+    members: &[std::sync::Arc<ManagedCluster>],
     pending: usize,
     blocked: Option<String>,
     now: Timestamp,
@@ -50,9 +50,9 @@ pub fn leader_status(
         .unwrap_or_default();
     let mut conditions = vec![condition(
         previous,
-        READY,
-        "True",
-        "Serving",
+        ConditionType::Ready,
+        Status::True,
+        Reason::Serving,
         format!("{ready} of {total} members ready, {pending} pending"),
         now,
     )];
@@ -60,16 +60,24 @@ pub fn leader_status(
     if let Some(why) = blocked {
         conditions.push(condition(
             previous,
-            DELETION_BLOCKED,
-            "True",
-            "MembersRemain",
+            ConditionType::DeletionBlocked,
+            Status::True,
+            Reason::MembersRemain,
             why,
             now,
         ));
     }
     ClusterSetStatus {
         observed_generation: set.metadata.generation,
-        state: Some(if deleting { "Deleting" } else { "Active" }.into()),
+        state: Some(
+            if deleting {
+                SetState::Deleting
+            } else {
+                SetState::Active
+            }
+            .as_str()
+            .into(),
+        ),
         conditions,
         members: Some(MemberCounts {
             total: total as i32,
@@ -105,7 +113,7 @@ mod tests {
         s
     }
 
-    fn member(name: &str, ready: &str) -> ManagedCluster {
+    fn member(name: &str, ready: Status) -> std::sync::Arc<ManagedCluster> {
         let mut mc = ManagedCluster::new(
             name,
             ManagedClusterSpec {
@@ -114,17 +122,27 @@ mod tests {
             },
         );
         mc.status = Some(ManagedClusterStatus {
-            conditions: vec![condition(&[], READY, ready, "x", String::new(), Timestamp::now())],
+            conditions: vec![condition(
+                &[],
+                ConditionType::Ready,
+                ready,
+                Reason::HeartbeatReceived,
+                String::new(),
+                Timestamp::now(),
+            )],
             ..ManagedClusterStatus::default()
         });
-        mc
+        std::sync::Arc::new(mc)
     }
 
     #[test]
     fn counts_members_by_readiness() {
-        let ms = [member("a", "True"), member("b", "Unknown"), member("c", "True")];
-        let refs: Vec<&ManagedCluster> = ms.iter().collect();
-        let st = leader_status(&set(), &refs, 2, None, Timestamp::now());
+        let ms = [
+            member("a", Status::True),
+            member("b", Status::Unknown),
+            member("c", Status::True),
+        ];
+        let st = leader_status(&set(), &ms, 2, None, Timestamp::now());
         assert_eq!(
             st.members,
             Some(MemberCounts {
@@ -135,23 +153,22 @@ mod tests {
             })
         );
         assert_eq!(st.observed_generation, Some(3));
-        assert_eq!(st.state.as_deref(), Some("Active"));
+        assert_eq!(st.state.as_deref(), Some(SetState::Active.as_str()));
         assert_eq!(st.member_summary[0].name, "b", "not-ready members come first");
         assert!(!st.summary_truncated);
     }
 
     #[test]
     fn summary_is_bounded_and_stays_small_with_ten_thousand_members() {
-        let ms: Vec<ManagedCluster> = (0..10_000)
+        let ms: Vec<_> = (0..10_000)
             .map(|i| {
                 member(
                     &format!("member-{i:05}-{}", "x".repeat(40)),
-                    if i % 7 == 0 { "Unknown" } else { "True" },
+                    if i % 7 == 0 { Status::Unknown } else { Status::True },
                 )
             })
             .collect();
-        let refs: Vec<&ManagedCluster> = ms.iter().collect();
-        let st = leader_status(&set(), &refs, 0, None, Timestamp::now());
+        let st = leader_status(&set(), &ms, 0, None, Timestamp::now());
         assert_eq!(st.member_summary.len(), MAX_MEMBER_SUMMARY as usize);
         assert!(st.summary_truncated);
         assert!(st.member_summary.iter().all(|m| m.ready == "Unknown"));
@@ -161,27 +178,25 @@ mod tests {
 
     #[test]
     fn an_unchanged_status_compares_equal() {
-        let ms = [member("a", "True")];
-        let refs: Vec<&ManagedCluster> = ms.iter().collect();
+        let ms = [member("a", Status::True)];
         let mut s = set();
-        s.status = Some(leader_status(&s, &refs, 0, None, Timestamp::now()));
+        s.status = Some(leader_status(&s, &ms, 0, None, Timestamp::now()));
         let later = Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(60);
-        assert_eq!(s.status, Some(leader_status(&s, &refs, 0, None, later)));
+        assert_eq!(s.status, Some(leader_status(&s, &ms, 0, None, later)));
     }
 
     #[test]
     fn a_blocked_deletion_says_why() {
         let mut s = set();
         s.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
-        let ms = [member("a", "True")];
-        let refs: Vec<&ManagedCluster> = ms.iter().collect();
-        let st = leader_status(&s, &refs, 0, Some("1 member remains".into()), Timestamp::now());
-        assert_eq!(st.state.as_deref(), Some("Deleting"));
+        let ms = [member("a", Status::True)];
+        let st = leader_status(&s, &ms, 0, Some("1 member remains".into()), Timestamp::now());
+        assert_eq!(st.state.as_deref(), Some(SetState::Deleting.as_str()));
         let c = st
             .conditions
             .iter()
-            .find(|c| c.type_ == DELETION_BLOCKED)
+            .find(|c| c.type_ == ConditionType::DeletionBlocked)
             .unwrap();
-        assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "MembersRemain"));
+        assert!(c.status == "True" && c.reason == Reason::MembersRemain, "{c:?}");
     }
 }

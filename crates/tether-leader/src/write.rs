@@ -7,8 +7,9 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::json;
 use tracing::warn;
+
+use tether_api::conditions::EventReason;
 
 use crate::provision::FIELD_MANAGER;
 use crate::{Context, Error};
@@ -26,14 +27,10 @@ where
 {
     ctx.ensure_leader()?;
     let name = obj.meta().name.clone().unwrap_or_default();
-    let mut body = serde_json::to_value(obj).map_err(|e| Error::Serialize(e.to_string()))?;
-    let dt = K::DynamicType::default();
-    body["apiVersion"] = json!(K::api_version(&dt));
-    body["kind"] = json!(K::kind(&dt));
     api.patch(
         &name,
         &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(body),
+        &Patch::Apply(obj),
     )
     .await
     .map_err(api_error("apply member object", &name))?;
@@ -41,23 +38,18 @@ where
 }
 
 /// Server-side applies the fields of `status` that the leader owns, through the status subresource.
-pub async fn apply_status<K>(
-    ctx: &Context,
-    api: &Api<K>,
-    name: &str,
-    status: serde_json::Value,
-) -> Result<(), Error>
+/// `status` is the kind's typed status (or a typed part of it), serialized without the fields it
+/// leaves unset, so the leader owns exactly what it sets.
+pub async fn apply_status<K, S>(ctx: &Context, api: &Api<K>, name: &str, status: &S) -> Result<(), Error>
 where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
-    K::DynamicType: Default,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    S: Serialize,
 {
     ctx.ensure_leader()?;
-    let dt = K::DynamicType::default();
-    let body = json!({"apiVersion": K::api_version(&dt), "kind": K::kind(&dt), "status": status});
     api.patch_status(
         name,
         &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(body),
+        &tether_api::status_apply::<K, _>(status),
     )
     .await
     .map_err(api_error("patch status", name))?;
@@ -97,7 +89,7 @@ where
 }
 
 /// Publishes an Event about `obj`; failing to is logged, never fatal.
-pub async fn event<K>(ctx: &Context, obj: &K, type_: EventType, reason: &str, action: &str, note: &str)
+pub async fn event<K>(ctx: &Context, obj: &K, type_: EventType, reason: EventReason, action: &str, note: &str)
 where
     K: Resource<DynamicType = ()>,
 {
@@ -106,7 +98,7 @@ where
     }
     let ev = Event {
         type_,
-        reason: reason.into(),
+        reason: reason.as_str().into(),
         note: Some(note.chars().take(1000).collect()),
         action: action.into(),
         secondary: None,

@@ -2,7 +2,7 @@
 //!
 //! Each simulated member does what `tether-agent` does, with the agent's own library code:
 //! pin-checked discovery (`discovery`), registration with the join token (`register::register`),
-//! one heartbeat per interval (`session::beat`, the interval the leader asks for, jittered as
+//! one heartbeat per interval (`loops::beat`, the interval the leader asks for, jittered as
 //! the agent jitters it), a ManagedCluster status built by `report::summarize` and written by
 //! `report::write_status`, and leave (`deregister`).
 //!
@@ -24,12 +24,13 @@ use kube::Client;
 use kube::api::Api;
 use kube::client::ConfigExt;
 use kube::client::retry::RetryPolicy;
-use tether_agent::discovery::{self, Trust};
+use tether_agent::loops::{beat, jittered};
 use tether_agent::register::{Registration, Target, register};
-use tether_agent::report::{Report, summarize, write_status};
-use tether_agent::session::{Forbidden, beat, jittered};
+use tether_agent::report::{Report, status, summarize, write_status};
 use tether_api::managedcluster::ApiServerHealth;
 use tether_api::{ManagedCluster, MemberClusterAnnounce};
+use tether_join::discovery::{self, Trust};
+use tether_join::settle::Settle;
 use tokio_util::sync::CancellationToken;
 use tower::retry::RetryLayer;
 use tower::{BoxError, ServiceBuilder};
@@ -112,11 +113,14 @@ pub struct Timings {
 }
 
 impl Fleet {
-    /// Fetches the leader's CA anonymously and checks it against the pin before anything is
+    /// Reads the leader's CA over a connection proven to end at the pinned CA before anything is
     /// sent with the token, exactly as the agent does.
     pub async fn connect(join: Join) -> Result<Self, Error> {
-        let pem = discovery::fetch_leader_ca(&join.leader_url).await?;
-        discovery::check_pin(&pem, &join.ca_cert_hash)?;
+        let pin = join
+            .ca_cert_hash
+            .parse()
+            .map_err(discovery::DiscoveryError::from)?;
+        let pem = discovery::fetch_leader_ca(&join.leader_url, &pin).await?;
         let trust = Trust::Ca(pem);
         let config = discovery::leader_config(&join.leader_url, &trust, None)?;
         let connector = config.rustls_https_connector().map_err(|source| Error::Leader {
@@ -171,7 +175,7 @@ impl Fleet {
             stats: self.stats.clone(),
         };
         // As the agent does: a fresh credential's 403 may be RBAC still reaching the authorizer.
-        let mut forbidden = Forbidden::default();
+        let mut forbidden = Settle::forbidden();
         member.interval = loop {
             match beat(&member.announce, &member.name, Timestamp::now()).await {
                 Ok(interval) => break interval,
@@ -226,7 +230,7 @@ pub struct Member {
 }
 
 impl Member {
-    /// One heartbeat (the agent's `session::beat`); returns the interval the leader asks for.
+    /// One heartbeat (the agent's `loops::beat`); returns the interval the leader asks for.
     pub async fn beat(&self) -> Result<Duration, Error> {
         let r = beat(&self.announce, &self.name, Timestamp::now()).await;
         let counter = if r.is_ok() {
@@ -258,7 +262,8 @@ impl Member {
             },
         };
         let url = format!("https://{}.sim.invalid:6443", self.name);
-        write_status(&self.cluster, &self.name, &report, &url)
+        let status = status(&report, &url, &[], Some(Timestamp::now()), Timestamp::now());
+        write_status(&self.cluster, &self.name, &status)
             .await
             .map_err(|source| Error::Leader {
                 op: "report status",

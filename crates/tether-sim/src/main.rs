@@ -41,12 +41,8 @@ struct Args {
     #[arg(long)]
     leave: bool,
     /// Exit after this long heartbeating (e.g. 10m); default: until Ctrl-C.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = tether_api::duration::parse)]
     duration: Option<Duration>,
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    tether_api::duration::parse(s).ok_or_else(|| format!("{s:?} is not a duration like 90s, 10m or 1h"))
 }
 
 #[tokio::main]

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 pub use cluster::{ClusterBuilder, TestCluster};
 pub use controller::{Controller, token_kubeconfig};
-pub use tokens::BootstrapToken;
+pub use tokens::{BootstrapToken, CreateToken};
 pub use tools::Tools;
 pub use wait::{eventually, install_crds, install_tether_crds};
 

@@ -1,0 +1,298 @@
+//! The three loops a member session runs on its own credential once registered: heartbeat
+//! (one small write per interval, jittered), ManagedCluster status (written only when the report
+//! changed, plus a full refresh), and credential renewal before expiry. A rejected credential
+//! ends the loop so the session registers again; refusals that may be caches settling are
+//! retried for a bounded time (`tether_join::settle`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::reflector;
+use kube::runtime::{WatchStreamExt, watcher};
+use rand::Rng;
+use serde_json::json;
+use tether_api::clusterset::MemberSpec;
+use tether_api::conditions::Reason;
+use tether_api::{ManagedCluster, MemberClusterAnnounce};
+use tether_join::discovery::Trust;
+use tether_join::settle::Settle;
+use tokio::sync::{Notify, watch};
+use tracing::{info, warn};
+
+use crate::report::{Report, summarize, worth_writing};
+use crate::session::{Shared, expiry, leader_client, update};
+use crate::state::{self, Stored};
+use crate::view::time;
+use crate::{Error, FIELD_MANAGER};
+
+/// A full ManagedCluster status refresh happens at least this often, changed or not.
+const FULL_REFRESH: Duration = Duration::from_secs(300);
+/// How often the member API server's health is checked.
+const HEALTH_EVERY: Duration = Duration::from_secs(30);
+/// The heartbeat time in the member status is refreshed at most this often.
+const HEARTBEAT_STATUS_EVERY: Duration = Duration::from_secs(60);
+
+/// A credential error: the leader no longer accepts this identity.
+pub(crate) fn rejected(op: &'static str, e: kube::Error) -> Error {
+    match &e {
+        kube::Error::Api(s) if matches!(s.code, 401 | 403 | 404) => {
+            Error::CredentialRejected(format!("{op}: {} {}", s.code, s.message))
+        }
+        _ => Error::Leader { op, source: e },
+    }
+}
+
+/// One heartbeat: renews the announce `name` with `now` (one small write) and returns the
+/// interval the leader asks for until the next one.
+pub async fn beat(
+    api: &Api<MemberClusterAnnounce>,
+    name: &str,
+    now: Timestamp,
+) -> Result<Duration, kube::Error> {
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    let body = json!({"spec": {"renewTime": now.to_string()}});
+    let mca = api.patch(name, &pp, &Patch::Merge(body)).await?;
+    Ok(Duration::from_secs(
+        mca.spec.heartbeat_interval_seconds.unwrap_or(10).max(1) as u64,
+    ))
+}
+
+/// `interval` ±10%, so that members started together do not heartbeat in lockstep.
+pub fn jittered(interval: Duration) -> Duration {
+    let factor = rand::rng().random_range(0.9..1.1);
+    interval.mul_f64(factor)
+}
+
+pub(crate) async fn heartbeat(
+    sh: &Arc<Shared>,
+    client: watch::Receiver<Client>,
+    ns: &str,
+    name: &str,
+) -> Result<(), Error> {
+    let mut interval = Duration::from_secs(10);
+    let mut failures: u32 = 0;
+    let mut forbidden = Settle::forbidden();
+    loop {
+        let api = Api::<MemberClusterAnnounce>::namespaced(client.borrow().clone(), ns);
+        let now = Timestamp::now();
+        match beat(&api, name, now).await {
+            Ok(next) => {
+                forbidden.clear();
+                sh.ctx.metrics.heartbeat(true);
+                *sh.last_beat.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
+                failures = 0;
+                interval = next;
+                let publish_time = {
+                    let mut last = sh
+                        .last_heartbeat_published
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    let due = last.is_none_or(|t| t.elapsed() >= HEARTBEAT_STATUS_EVERY);
+                    if due {
+                        *last = Some(Instant::now());
+                    }
+                    due
+                };
+                update(sh, |v| {
+                    v.reachable = Some((
+                        true,
+                        Reason::HeartbeatOK,
+                        format!("heartbeat every {}s", interval.as_secs()),
+                    ));
+                    if publish_time {
+                        v.membership.last_heartbeat_time = Some(time(now));
+                    }
+                })
+                .await;
+            }
+            Err(e) => {
+                let settling = forbidden.tolerate(&e);
+                let err = rejected("heartbeat", e);
+                if matches!(err, Error::CredentialRejected(_)) && !settling {
+                    return Err(err);
+                }
+                sh.ctx.metrics.heartbeat(false);
+                failures += 1;
+                warn!(
+                    error = &err as &dyn std::error::Error,
+                    failures, "Heartbeat failed; retrying"
+                );
+                update(sh, |v| {
+                    v.reachable = Some((false, Reason::LeaderUnreachable, err.to_string()))
+                })
+                .await;
+                let backoff =
+                    Duration::from_secs(1 << failures.min(6)).min(interval.max(Duration::from_secs(1)));
+                tokio::time::sleep(backoff).await;
+                continue;
+            }
+        }
+        tokio::time::sleep(jittered(interval)).await;
+    }
+}
+
+pub(crate) async fn report(
+    sh: &Arc<Shared>,
+    client: watch::Receiver<Client>,
+    ns: &str,
+    name: &str,
+) -> Result<(), Error> {
+    let member = sh.ctx.client.clone();
+    let (nodes, writer) = reflector::store::<Node>();
+    let changed = Arc::new(Notify::new());
+    let notify = changed.clone();
+    let stream = reflector::reflector(
+        writer,
+        watcher(Api::<Node>::all(member.clone()), watcher::Config::default()),
+    )
+    .default_backoff()
+    .touched_objects()
+    .for_each(move |_| {
+        notify.notify_one();
+        async {}
+    });
+    let drive = tokio::spawn(stream);
+    let _stop = AbortOnDrop(drive);
+    let _ = nodes.wait_until_ready().await;
+
+    let mut last: Option<Report> = None;
+    // NB: the condition's transition time survives agent restarts: start from what is written.
+    let leader = client.borrow().clone();
+    let mut conditions = Api::<ManagedCluster>::namespaced(leader, ns)
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|mc| mc.status)
+        .map(|s| s.conditions)
+        .unwrap_or_default();
+    let mut forbidden = Settle::forbidden();
+    let mut last_write = Instant::now();
+    loop {
+        let next = observe(&member, &nodes).await;
+        let full = last_write.elapsed() >= FULL_REFRESH;
+        if worth_writing(last.as_ref(), &next) || full {
+            let api = Api::<ManagedCluster>::namespaced(client.borrow().clone(), ns);
+            let beat = *sh.last_beat.lock().unwrap_or_else(|p| p.into_inner());
+            let status =
+                crate::report::status(&next, &sh.ctx.api_server_url, &conditions, beat, Timestamp::now());
+            match crate::report::write_status(&api, name, &status).await {
+                Ok(()) => {
+                    conditions = status.conditions;
+                    forbidden.clear();
+                    sh.ctx.metrics.status_write();
+                    last = Some(next);
+                    last_write = Instant::now();
+                }
+                Err(e) => {
+                    let settling = forbidden.tolerate(&e);
+                    let err = rejected("report status", e);
+                    if matches!(err, Error::CredentialRejected(_)) && !settling {
+                        return Err(err);
+                    }
+                    warn!(
+                        error = &err as &dyn std::error::Error,
+                        "Status report failed; retrying"
+                    );
+                }
+            }
+        }
+        tokio::select! {
+            _ = changed.notified() => tokio::time::sleep(Duration::from_secs(1)).await,
+            _ = tokio::time::sleep(HEALTH_EVERY) => {}
+        }
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Builds a report from the node cache and the member API server's version and health.
+async fn observe(member: &Client, nodes: &reflector::Store<Node>) -> Report {
+    let state = nodes.state();
+    let (counts, capacity, allocatable) = summarize(state.iter().map(|n| n.as_ref()));
+    let version = member.apiserver_version().await.ok();
+    let probe = |path: &'static str| async move {
+        let req = http::Request::get(path).body(vec![]);
+        match req {
+            Ok(r) => member.request_text(r).await.is_ok(),
+            Err(_) => false,
+        }
+    };
+    let (livez, readyz) = futures::join!(probe("/livez"), probe("/readyz"));
+    Report {
+        nodes: counts,
+        capacity,
+        allocatable,
+        kubernetes_version: version.as_ref().map(|v| v.git_version.clone()),
+        platform: version.map(|v| v.platform),
+        health: tether_api::managedcluster::ApiServerHealth { livez, readyz },
+    }
+}
+
+pub(crate) async fn renew(
+    sh: &Arc<Shared>,
+    spec: &MemberSpec,
+    trust: &Trust,
+    mut stored: Stored,
+    client_tx: watch::Sender<Client>,
+) -> Result<(), Error> {
+    loop {
+        let remaining = expiry(&stored)
+            .map(|e| (e - Timestamp::now()).get_seconds().max(0) as u64)
+            .unwrap_or(0);
+        // Renew with a third of the lifetime left.
+        let wait = Duration::from_secs(remaining.saturating_sub(stored.ttl_seconds as u64 / 3))
+            .max(Duration::from_secs(5));
+        tokio::time::sleep(wait).await;
+        let api = Api::<ServiceAccount>::namespaced(client_tx.borrow().clone(), &stored.credential.namespace);
+        let req = TokenRequest {
+            spec: TokenRequestSpec {
+                expiration_seconds: Some(stored.ttl_seconds),
+                ..TokenRequestSpec::default()
+            },
+            ..TokenRequest::default()
+        };
+        match api
+            .create_token_request(&stored.credential.service_account, &PostParams::default(), &req)
+            .await
+        {
+            Ok(t) => {
+                let Some(status) = t.status else { continue };
+                stored.credential.token = status.token;
+                stored.credential.expiration_timestamp = status.expiration_timestamp.0.to_string();
+                state::store_credential(&sh.ctx.client, &sh.ctx.namespace, &stored).await?;
+                client_tx.send_replace(leader_client(spec, trust, &stored)?);
+                sh.ctx.metrics.renewal(true);
+                info!(expires = %stored.credential.expiration_timestamp, "Credential renewed");
+                let exp = expiry(&stored).map(time);
+                update(sh, |v| v.membership.credential_expiry = exp).await;
+            }
+            Err(e) => {
+                sh.ctx.metrics.renewal(false);
+                let err = rejected("renew credential", e);
+                if matches!(err, Error::CredentialRejected(_)) {
+                    return Err(err);
+                }
+                warn!(
+                    error = &err as &dyn std::error::Error,
+                    "Credential renewal failed; retrying"
+                );
+                tokio::time::sleep(Duration::from_secs(10)).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! `tether approve|deny` and `tether destroy`: an admin's decisions on requests and sets.
+
+use anyhow::{Context as _, bail};
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use serde_json::json;
+use tether_api::registration::RegistrationResult;
+use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, SetRef};
+use tether_join::token::TOKEN_NAMESPACE;
+
+use crate::cluster::{Target, wait_deleted};
+
+use super::{DecideArgs, DestroyArgs};
+
+/// `tether approve|deny NAME`.
+pub async fn decide(target: &Target, args: DecideArgs, approve: bool) -> anyhow::Result<()> {
+    let client = target.client().await?;
+    let api = Api::<ClusterRegistrationRequest>::namespaced(client, &target.namespace);
+    let req = api.get_opt(&args.name).await?.with_context(|| {
+        format!(
+            "no registration request {}/{}: list them with `kubectl get clsrr -n {}`",
+            target.namespace, args.name, target.namespace
+        )
+    })?;
+    let status = req.status.clone().unwrap_or_default();
+    if status.result != RegistrationResult::Pending {
+        println!(
+            "{} is already {:?} ({:?}); nothing to do",
+            args.name, status.result, status.reason
+        );
+        return Ok(());
+    }
+    let action = if approve { "Approve" } else { "Deny" };
+    let patch = json!({"status": {"decision": {"action": action, "message": args.message}}});
+    api.patch_status(&args.name, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    println!(
+        "{} {} (cluster {}, ID {})",
+        if approve { "approved" } else { "denied" },
+        args.name,
+        req.spec.cluster_name,
+        req.spec.cluster_id
+    );
+    Ok(())
+}
+
+/// `tether destroy`: refuses while members remain unless `--force`.
+pub async fn destroy(target: &Target, args: DestroyArgs) -> anyhow::Result<()> {
+    let client = target.client().await?;
+    let ns = target.namespace.as_str();
+    let set = args.clusterset.as_str();
+    let sets = Api::<ClusterSet>::namespaced(client.clone(), ns);
+    let selector = SetRef::new(ns, set).selector();
+    if let Some(existing) = sets.get_opt(set).await? {
+        let members = Api::<ManagedCluster>::all(client.clone())
+            .list(&ListParams::default().labels(&selector))
+            .await?;
+        if !members.items.is_empty() && !args.force {
+            let names: Vec<String> = members.items.iter().map(|m| m.name_any()).collect();
+            bail!(
+                "ClusterSet {set} still has {} member(s): {}. Run `tether leave` in each member, or pass --force \
+                 to remove them all",
+                names.len(),
+                names.join(", ")
+            );
+        }
+        if args.force {
+            let patch = json!({"metadata": {"annotations": {tether_api::annotations::FORCE_DELETE: "true"}}});
+            sets.patch(set, &PatchParams::default(), &Patch::Merge(patch))
+                .await?;
+        }
+        sets.delete(set, &DeleteParams::default()).await?;
+        eprintln!("deleting ClusterSet {ns}/{set}…");
+        if !wait_deleted(&sets, set, existing.uid(), args.wait).await? {
+            bail!(
+                "ClusterSet {set} is still being deleted after {:?}: see `kubectl describe clusterset -n {ns} {set}`",
+                args.wait
+            );
+        }
+    } else {
+        eprintln!("ClusterSet {ns}/{set} does not exist; removing what is left of it");
+    }
+    // The leader's finalizer removes these too; doing it here also covers a set whose leader is gone.
+    let dp = DeleteParams::default();
+    let lp = ListParams::default().labels(&selector);
+    Api::<Secret>::namespaced(client.clone(), TOKEN_NAMESPACE)
+        .delete_collection(&dp, &lp)
+        .await?;
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .delete_collection(&dp, &lp)
+        .await?;
+    Api::<Role>::namespaced(client.clone(), ns)
+        .delete_collection(&dp, &lp)
+        .await?;
+    Api::<ServiceAccount>::namespaced(client, ns)
+        .delete_collection(&dp, &lp)
+        .await?;
+    println!("ClusterSet {set} destroyed: members, requests, join tokens and join RBAC removed");
+    Ok(())
+}

@@ -1,0 +1,222 @@
+//! `tether init`: the ClusterSet, its join RBAC and a join token, then the commands that join a
+//! member, each printed so that it works when copied.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use k8s_openapi::api::authentication::v1::{SelfSubjectReview, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::Client;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::config::AuthInfo;
+use kube::runtime::wait::await_condition;
+use serde_json::json;
+use tether_api::{ClusterSet, SetRef};
+use tether_join::CaPin;
+use tether_join::settle::Settle;
+use tether_join::token::{
+    BootstrapToken, MANAGER, TOKEN_NAMESPACE, join_name, join_rbac, join_service_account,
+};
+
+use crate::cluster::{Target, ca_pem};
+
+use super::{InitArgs, apply, set_object};
+
+/// Creates the namespace, ClusterSet and join RBAC, waits for the leader, mints a token and
+/// prints the join command. Safe to run again (a new token is minted each time).
+pub async fn init(target: &Target, args: InitArgs) -> anyhow::Result<()> {
+    let ns = target.namespace.as_str();
+    let set = args.clusterset.as_str();
+    let set_ref = SetRef::new(ns, set);
+    let (role, binding) = join_rbac(&set_ref);
+    let set_obj = set_object(ns, set, args.approval)?;
+    if args.dry_run {
+        for doc in [
+            set_obj.clone(),
+            serde_json::to_value(&role)?,
+            serde_json::to_value(&binding)?,
+        ] {
+            print!("---\n{}", serde_norway::to_string(&doc)?);
+        }
+        println!(
+            "# plus a join token (bootstrap token in kube-system) valid for {:?}",
+            args.token_ttl
+        );
+        return Ok(());
+    }
+    let config = target.config().await?;
+    let client = Client::try_from(config.clone())?;
+    let mut nsobj = Namespace::default();
+    nsobj.metadata.name = Some(ns.into());
+    apply(&Api::<Namespace>::all(client.clone()), &nsobj).await?;
+    let sets = Api::<ClusterSet>::namespaced(client.clone(), ns);
+    if let Some(existing) = sets.get_opt(set).await?
+        && existing.spec.role != tether_api::clusterset::ClusterSetRole::Leader
+    {
+        bail!("{ns}/{set} is a Member ClusterSet: this cluster is a member, not a leader");
+    }
+    sets.patch(set, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&set_obj))
+        .await
+        .context("is Tether installed? helm install tether-leader charts/tether-leader")?;
+    apply(&Api::<Role>::namespaced(client.clone(), ns), &role).await?;
+    apply(&Api::<RoleBinding>::namespaced(client.clone(), ns), &binding).await?;
+    eprintln!("ClusterSet {ns}/{set} applied; waiting for the leader controller…");
+    wait_for_leader(&sets, set, args.wait).await?;
+
+    let token = create_token(&client, &config, &set_ref, args.token_ttl).await?;
+    let url = args
+        .leader_url
+        .clone()
+        .unwrap_or_else(|| config.cluster_url.to_string().trim_end_matches('/').to_string());
+    let ca = ca_pem(&config)
+        .context("the kubeconfig has no CA for this cluster; cannot compute --ca-cert-hash")?;
+    let hash = tether_join::pin::certificates(&ca)?
+        .first()
+        .map(|c| c.pin.clone())
+        .context("no CA certificate in the kubeconfig")?;
+    let expires = Timestamp::now() + SignedDuration::from_secs(args.token_ttl.as_secs() as i64);
+    if let Some(path) = &args.output {
+        let file = json!({"leaderURL": url, "token": token.value, "caCertHash": hash.to_string(), "clusterSet": set,
+                          "leaderNamespace": ns, "expires": expires.to_string()});
+        std::fs::write(path, serde_norway::to_string(&file)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        println!(
+            "Wrote the join config to {} (it holds a secret token: keep it private).",
+            path.display()
+        );
+        println!(
+            "On each member cluster:\n  tether join --config {} --name <CLUSTER-NAME>",
+            path.display()
+        );
+        return Ok(());
+    }
+    println!(
+        "ClusterSet {set} is ready ({:?} approval). Token kind: {}.",
+        args.approval, token.kind
+    );
+    println!("\nJoin a member cluster (with that cluster's kubeconfig):");
+    println!(
+        "  tether join --leader {url} --token {} --ca-cert-hash {hash} --name <CLUSTER-NAME>",
+        token.value
+    );
+    println!("\nor install the agent there with Helm:");
+    println!("{}", helm_command(&url, &token.value, &hash, &set_ref));
+    println!(
+        "\nThe token expires at {expires}; `tether token create --clusterset {set} -n {ns}` makes another."
+    );
+    Ok(())
+}
+
+/// The `helm install` line that joins a member to `set`, every value that differs from the
+/// chart's defaults spelled out, so it works when copied as printed.
+pub fn helm_command(url: &str, token: &str, hash: &CaPin, set: &SetRef) -> String {
+    format!(
+        "  helm install tether-agent charts/tether-agent -n tether-system --create-namespace \\\n    \
+         --set leader.url={url} --set leader.token={token} --set leader.caCertHash={hash} \\\n    \
+         --set clusterSet={} --set leader.namespace={} --set cluster.name=<CLUSTER-NAME>",
+        set.name, set.namespace
+    )
+}
+
+/// Waits until the leader controller has written the set's status (`kube::runtime::wait`).
+async fn wait_for_leader(sets: &Api<ClusterSet>, set: &str, wait: Duration) -> anyhow::Result<()> {
+    let picked_up = |s: Option<&ClusterSet>| {
+        s.and_then(|s| s.status.as_ref())
+            .and_then(|st| st.observed_generation)
+            .is_some()
+    };
+    match tokio::time::timeout(wait, await_condition(sets.clone(), set, picked_up)).await {
+        Ok(r) => r.map(drop).map_err(Into::into),
+        Err(_) => bail!(
+            "the leader controller has not picked up ClusterSet {set} within {wait:?}: is it installed and \
+             running? (helm install tether-leader charts/tether-leader -n tether-system; \
+             kubectl -n tether-system logs deploy/tether-leader)"
+        ),
+    }
+}
+
+/// A join token and how it authenticates.
+pub struct JoinToken {
+    /// The bearer token.
+    pub value: String,
+    /// `bootstrap token` or `ServiceAccount token`.
+    pub kind: &'static str,
+}
+
+/// Mints a join token: a bootstrap token where the API server accepts them (checked by
+/// authenticating with it), else a short-lived token of the set's join ServiceAccount.
+pub async fn create_token(
+    client: &Client,
+    config: &kube::Config,
+    set: &SetRef,
+    ttl: Duration,
+) -> anyhow::Result<JoinToken> {
+    let token = BootstrapToken::random();
+    let expires = Timestamp::now() + SignedDuration::from_secs(ttl.as_secs() as i64);
+    let secrets = Api::<Secret>::namespaced(client.clone(), TOKEN_NAMESPACE);
+    secrets
+        .create(&PostParams::default(), &token.secret(Some(set), Some(expires)))
+        .await
+        .context("cannot create the join token")?;
+    let value = token.token();
+    if authenticates(config, &value).await {
+        return Ok(JoinToken {
+            value,
+            kind: "bootstrap token",
+        });
+    }
+    // Bootstrap-token authentication is off here: fall back to a ServiceAccount token.
+    secrets
+        .delete(&token.secret_name(), &DeleteParams::default())
+        .await
+        .ok();
+    let sa = join_service_account(set);
+    apply(
+        &Api::<ServiceAccount>::namespaced(client.clone(), &set.namespace),
+        &sa,
+    )
+    .await?;
+    let req = TokenRequest {
+        spec: TokenRequestSpec {
+            expiration_seconds: Some(ttl.as_secs() as i64),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    let token = Api::<ServiceAccount>::namespaced(client.clone(), &set.namespace)
+        .create_token_request(&join_name(set), &PostParams::default(), &req)
+        .await
+        .context("cannot mint a ServiceAccount join token")?;
+    Ok(JoinToken {
+        value: token.status.map(|s| s.token).unwrap_or_default(),
+        kind: "ServiceAccount token (bootstrap tokens are not enabled here)",
+    })
+}
+
+/// Whether the API server accepts `token`. A new bootstrap token can be refused (401) until the
+/// authenticator's cache has seen its Secret, so 401s are retried for `TOKEN_SETTLE`; a server
+/// without bootstrap-token authentication keeps refusing it.
+async fn authenticates(config: &kube::Config, token: &str) -> bool {
+    let mut config = config.clone();
+    config.auth_info = AuthInfo {
+        token: Some(token.to_string().into()),
+        ..AuthInfo::default()
+    };
+    let Ok(client) = Client::try_from(config) else {
+        return false;
+    };
+    let api = Api::<SelfSubjectReview>::all(client);
+    let mut unseen = Settle::unauthorized();
+    loop {
+        match api
+            .create(&PostParams::default(), &SelfSubjectReview::default())
+            .await
+        {
+            Ok(_) => return true,
+            Err(e) if unseen.tolerate(&e) => tokio::time::sleep(Duration::from_millis(300)).await,
+            Err(_) => return false,
+        }
+    }
+}

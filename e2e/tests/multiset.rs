@@ -1,0 +1,234 @@
+//! Several ClusterSets on one real leader: member namespaces never collide (the reproduced
+//! `prod`/`us-east-00000` vs `prod-us`/`east-00000` case, and one set ID in two namespaces), each
+//! member keeps exactly its own rights, a join token works for its own set only, leaving one set
+//! leaves the others untouched, the leader adopts no namespace it did not create for the member,
+//! and a join token works the moment it is created.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tether_api::registration::{RegistrationReason, RegistrationResult};
+use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, MemberClusterAnnounce, SetRef};
+use tether_e2e::sim::{self, Leader, join_in, joiner_of, register_in, wait_ready};
+use tether_e2e::{create_namespace, create_raw, join_role, status_code};
+use tether_testkit::{BootstrapToken, CreateToken, eventually};
+
+/// Creates a Leader ClusterSet `set` with its join RBAC, as `tether init` does.
+async fn add_set(admin: &Client, set: &SetRef) {
+    let _ = create_namespace(admin, &set.namespace).await;
+    let body = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterSet",
+                      "metadata": {"name": set.name}, "spec": {"role": "Leader", "leader": {}}});
+    create_raw::<ClusterSet>(admin, Some(&set.namespace), body)
+        .await
+        .expect("ClusterSet");
+    join_role(admin, set).await.expect("join RBAC");
+}
+
+async fn forbidden<T: std::fmt::Debug>(what: &str, r: Result<T, kube::Error>) {
+    match r {
+        Err(e) => assert_eq!(status_code(&e), Some(403), "{what}: {e}"),
+        Ok(v) => panic!("{what} must be refused, got {v:?}"),
+    }
+}
+
+#[tokio::test]
+async fn members_of_sets_whose_names_used_to_collide_keep_their_own_namespace_and_rights() {
+    let l = Leader::start(
+        "multiset",
+        json!({"heartbeatInterval": "2s", "gracePeriod": "8s"}),
+    )
+    .await;
+    let prod = sim::home();
+    let prod_us = SetRef::new("tether-us", "prod-us");
+    let prod_b = SetRef::new("team-b", "prod");
+    add_set(&l.admin, &prod_us).await;
+    add_set(&l.admin, &prod_b).await;
+    let heartbeat = json!({"spec": {"leader": {"heartbeatInterval": "2s", "gracePeriod": "8s"}}});
+    for set in [&prod_us, &prod_b] {
+        Api::<ClusterSet>::namespaced(l.admin.clone(), &set.namespace)
+            .patch(&set.name, &PatchParams::default(), &Patch::Merge(&heartbeat))
+            .await
+            .expect("set timings");
+    }
+
+    // Before the fix, a and b were both given tether-prod-us-east-00000.
+    let (a, b, c) = tokio::join!(
+        join_in(&l.cluster, &l.admin, &prod, "us-east-00000", "id-a"),
+        join_in(&l.cluster, &l.admin, &prod_us, "east-00000", "id-b"),
+        join_in(&l.cluster, &l.admin, &prod_b, "us-east-00000", "id-c"),
+    );
+    let (a, b, c) = (Arc::new(a), Arc::new(b), Arc::new(c));
+    let mut namespaces = vec![a.namespace.clone(), b.namespace.clone(), c.namespace.clone()];
+    namespaces.dedup();
+    assert_eq!(
+        namespaces.len(),
+        3,
+        "three members, three namespaces: {namespaces:?}"
+    );
+    assert!(
+        a.namespace.starts_with("tether-prod-us-east-00000-"),
+        "{}",
+        a.namespace
+    );
+    let beats: Vec<_> = [&a, &b, &c]
+        .iter()
+        .map(|m| m.keep_heartbeating(Duration::from_secs(1)))
+        .collect();
+    for m in [&a, &b, &c] {
+        wait_ready(&l.admin, m, "True", "HeartbeatReceived", Duration::from_secs(30)).await;
+    }
+
+    // Each member keeps only its own rights: none over the others' objects.
+    for (me, others) in [(&a, [&b, &c]), (&b, [&a, &c]), (&c, [&a, &b])] {
+        for other in others {
+            let what = |op: &str| format!("{} {op} {}'s objects", me.name, other.namespace);
+            let mcs = Api::<ManagedCluster>::namespaced(me.client.clone(), &other.namespace);
+            forbidden(&what("reads"), mcs.get(&other.name).await).await;
+            forbidden(
+                &what("writes status of"),
+                mcs.patch_status(
+                    &other.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"platform": "x"}})),
+                )
+                .await,
+            )
+            .await;
+            let announces = Api::<MemberClusterAnnounce>::namespaced(me.client.clone(), &other.namespace);
+            forbidden(
+                &what("heartbeats for"),
+                announces
+                    .patch(
+                        &other.name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"spec": {"renewTime": "2026-01-01T00:00:00.000000Z"}})),
+                    )
+                    .await,
+            )
+            .await;
+            forbidden(
+                &what("deletes"),
+                announces.delete(&other.name, &Default::default()).await,
+            )
+            .await;
+        }
+    }
+
+    // A join token registers in its own set only, even where the set ID is the same.
+    let j = joiner_of(&l.cluster, &l.admin, &prod).await;
+    let body = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterRegistrationRequest",
+                      "metadata": {"name": "sneaky"},
+                      "spec": {"clusterID": "id-x", "clusterName": "x", "publicKey": j.public_key}});
+    for other in [&prod_us, &prod_b] {
+        let r = eventually("the token to be known", Duration::from_secs(15), || async {
+            match create_raw::<ClusterRegistrationRequest>(&j.client, Some(&other.namespace), body.clone())
+                .await
+            {
+                Err(e) if status_code(&e) == Some(401) => Err(e.to_string()),
+                r => Ok(r),
+            }
+        })
+        .await;
+        forbidden(&format!("a token of {prod} registering in {other}"), r).await;
+    }
+
+    // Leaving one member leaves the others untouched, also the one whose namespace used to clash.
+    b.leave().await.expect("b leaves");
+    let namespaces_api = Api::<Namespace>::all(l.admin.clone());
+    eventually("b's namespace to go", Duration::from_secs(60), || async {
+        match namespaces_api
+            .get_opt(&b.namespace)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            Some(ns) if ns.metadata.deletion_timestamp.is_none() => Err("still there".to_string()),
+            _ => Ok(()),
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await; // longer than the grace period
+    for m in [&a, &c] {
+        let ns = namespaces_api.get(&m.namespace).await.expect("namespace kept");
+        assert!(ns.metadata.deletion_timestamp.is_none(), "{} kept", m.namespace);
+        Api::<ServiceAccount>::namespaced(l.admin.clone(), &m.namespace)
+            .get("tether-agent")
+            .await
+            .expect("identity kept");
+        m.heartbeat().await.expect("still heartbeats");
+        wait_ready(&l.admin, m, "True", "HeartbeatReceived", Duration::from_secs(5)).await;
+    }
+    drop(beats);
+}
+
+#[tokio::test]
+async fn an_existing_namespace_is_never_adopted() {
+    let l = Leader::start("no-adopt", json!({})).await;
+    let ns = sim::ns_of("squatter");
+    create_namespace(&l.admin, &ns)
+        .await
+        .expect("an admin's namespace");
+    let j = sim::joiner(&l.cluster, &l.admin).await;
+    let req = register_in(&j, sim::HOME, "squatter-1", "squatter", "id-s").await;
+    let status = req.status.expect("status");
+    assert_eq!(status.result, RegistrationResult::Denied);
+    assert_eq!(status.reason, RegistrationReason::NamespaceConflict);
+    let message = status.message.unwrap_or_default();
+    assert!(
+        message.contains(&ns) && message.contains("does not take over"),
+        "{message}"
+    );
+    let kept = Api::<Namespace>::all(l.admin.clone())
+        .get(&ns)
+        .await
+        .expect("kept");
+    assert!(
+        !kept.labels().keys().any(|k| k.contains("tether")),
+        "the leader labelled nothing: {:?}",
+        kept.labels()
+    );
+    let sa = Api::<ServiceAccount>::namespaced(l.admin.clone(), &ns)
+        .get_opt("tether-agent")
+        .await
+        .expect("get");
+    assert!(
+        sa.is_none(),
+        "no identity was created in a namespace the leader does not own"
+    );
+}
+
+#[tokio::test]
+async fn a_join_token_works_the_moment_it_is_created_every_time() {
+    let l = Leader::start("fresh-token", json!({})).await;
+    let set = sim::home();
+    let leader_url = l.cluster.url().to_string();
+    let ca = l.cluster.ca_pem().to_string();
+    for i in 0..25 {
+        // Create the Secret and use it at once, as `tether init` then `helm install` from a script does.
+        let token = BootstrapToken::random();
+        token.create(&l.admin, Some(&set), None).await.expect("token");
+        let trust = tether_join::Trust::Ca(ca.clone());
+        let config =
+            tether_join::discovery::leader_config(&leader_url, &trust, Some(&token.token())).expect("config");
+        let target = tether_agent::register::Target {
+            bootstrap: Client::try_from(config).expect("client"),
+            namespace: &set.namespace,
+        };
+        let (identity, recipient) = tether_seal::generate_keypair();
+        let name = format!("fresh-{i}");
+        let reg = tether_agent::register::Registration {
+            cluster_id: &format!("id-{name}"),
+            cluster_name: &name,
+            labels: Default::default(),
+            identity: &identity,
+            recipient: &recipient,
+        };
+        let stored = tether_agent::register::register(&target, &reg, Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|e| panic!("join {i} with a token created just before: {e}"));
+        assert_eq!(stored.credential.namespace, sim::ns_of(&name));
+    }
+}
