@@ -33,11 +33,14 @@ pub fn token_kubeconfig(cluster: &TestCluster, user: &str, token: &str) -> Resul
     Ok(path)
 }
 
-/// Where the workspace's binaries are built: `TETHER_BIN_DIR`, else `<workspace>/target/debug`.
+/// Where the workspace's binaries are built: `TETHER_BIN_DIR`, else `$CARGO_TARGET_DIR/debug`
+/// (relative to the workspace when relative), else `<workspace>/target/debug`.
 pub fn binary(name: &str) -> Result<PathBuf, Error> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let dir = std::env::var_os("TETHER_BIN_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug"));
+        .or_else(|| std::env::var_os("CARGO_TARGET_DIR").map(|t| workspace.join(t).join("debug")))
+        .unwrap_or_else(|| workspace.join("target/debug"));
     let path = dir.join(name);
     if path.is_file() {
         Ok(path)
