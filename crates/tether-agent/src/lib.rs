@@ -163,9 +163,6 @@ pub enum Error {
         /// The property's value.
         property: String,
     },
-    /// Serialization failed.
-    #[error("serialize: {0}")]
-    Serialize(String),
     /// Adding or removing the finalizer failed.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),

@@ -168,9 +168,6 @@ pub enum Error {
     /// The credential could not be sealed.
     #[error("seal credential: {0}")]
     Seal(#[from] tether_seal::SealError),
-    /// An object could not be serialized.
-    #[error("serialize: {0}")]
-    Serialize(String),
     /// This replica lost the lease; it does not write.
     #[error("not the leader")]
     NotLeader,
@@ -196,7 +193,6 @@ impl Error {
         match self {
             Error::Api { op, .. } => op,
             Error::Seal(_) => "seal",
-            Error::Serialize(_) => "serialize",
             Error::NotLeader => "not_leader",
             Error::DeletionBlocked { .. } => "deletion_blocked",
             Error::Finalizer(e) => match e.as_ref() {
