@@ -104,6 +104,21 @@ async fn agents_join_report_restart_recover_and_leave() {
         ready(mc).as_deref() == Some("True") && nodes(mc).as_deref() == Some("1/1")
     })
     .await;
+    // The agent says it is ready once its cache has synced (the charts' readiness probe).
+    for m in [&east, &west] {
+        let agent = m.agent.as_ref().expect("agent");
+        eventually(
+            "the agent's /readyz answers 200",
+            Duration::from_secs(10),
+            || async {
+                match agent.admin_get("/readyz").await {
+                    Ok((200, _)) => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await;
+    }
     let e = managed(&leader.admin, "east").await.expect("east");
     let st = e.status.clone().expect("status");
     assert_eq!(st.capacity["cpu"].0, "6", "{:?}", st.capacity);

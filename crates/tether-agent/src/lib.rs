@@ -411,9 +411,20 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
     };
     let lost = tokio::spawn(lost);
     let ready = opts.ready;
+    // NB: `Store::wait_until_ready` wakes only its latest waiter, and the controller waits on
+    // this store too: a single wait here may never wake (the agent stayed unready for ever), so
+    // poll it again until it is ready.
     let ready_task = tokio::spawn(async move {
-        if sets.wait_until_ready().await.is_ok() {
-            ready.send_replace(true);
+        loop {
+            match tokio::time::timeout(Duration::from_millis(250), sets.wait_until_ready()).await {
+                Ok(Ok(())) => {
+                    info!("Cache synced; ready");
+                    ready.send_replace(true);
+                    break;
+                }
+                Ok(Err(_)) => break,
+                Err(_) => {}
+            }
         }
     });
     controller
