@@ -1,25 +1,35 @@
 # One image for both controllers (`tether-controller leader|agent`) plus the `tether` CLI:
-# they share every dependency, so one image is about the size of either alone, and there is one
-# thing to build, scan, sign and pin. The charts pick the role with the first argument.
+# static musl binaries in an otherwise empty image (no shell, no libc, no package manager),
+# running as a non-root user. The charts pick the role with the first argument.
 #
+# Users, with a container engine:
 #   docker build -t ghcr.io/tether-dev/tether:0.1.0 --build-arg TETHER_GIT_SHA=$(git rev-parse --short HEAD) .
-#
-# `make image-check` runs the build stage's cargo command on the host (no container engine needed).
+# The project, with no daemon and no registry (`make image`, e2e/image.sh): the same binaries are
+# built on the host with the same cargo command, then
+#   buildah bud --build-arg BINARIES=prebuilt ...
+# puts them into the same final stage; the `build` stage is then never used, so nothing is pulled.
 
-FROM docker.io/library/rust:1.95-bookworm AS build
+ARG BINARIES=build
+
+FROM docker.io/library/rust:1.95-alpine AS build
+RUN apk add --no-cache musl-dev
 WORKDIR /src
 ARG TETHER_GIT_SHA=dev
 ENV TETHER_GIT_SHA=${TETHER_GIT_SHA} CARGO_TERM_PROGRESS_WHEN=never
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --locked --release -p tether-controller -p tether-cli \
+    cargo build --locked --release --target x86_64-unknown-linux-musl -p tether-controller -p tether-cli \
  && mkdir -p /out \
- && cp target/release/tether-controller target/release/tether /out/
+ && cp target/x86_64-unknown-linux-musl/release/tether-controller target/x86_64-unknown-linux-musl/release/tether /out/
 
-# distroless/cc: glibc and CA certificates only; no shell, no package manager.
-FROM gcr.io/distroless/cc-debian12:nonroot
-COPY --from=build /out/tether-controller /out/tether /usr/local/bin/
+FROM scratch AS prebuilt
+COPY target/x86_64-unknown-linux-musl/release/tether-controller target/x86_64-unknown-linux-musl/release/tether /out/
+
+FROM ${BINARIES} AS binaries
+
+FROM scratch
+COPY --from=binaries /out/tether-controller /out/tether /usr/local/bin/
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/tether-controller"]
 CMD ["--help"]

@@ -2,8 +2,8 @@
 //! can send what the Rust types would refuse to build), API error inspection, RBAC set-up, and
 //! (`sim`) a leader with simulated members.
 
-pub mod demo;
 pub mod fleet;
+pub mod pods;
 pub mod scale;
 pub mod sim;
 

@@ -193,6 +193,18 @@ async fn init_join_status_leave_destroy_with_failures_that_leave_nothing_behind(
         member_view.contains("Ready") && member_view.contains("tether-prod-east"),
         "{member_view}"
     );
+    // KUBECONFIG as a list of files is merged as kubectl merges it: the first file's current
+    // context by default, any listed context with --context.
+    let list = std::env::join_paths([&lk, &ek]).expect("KUBECONFIG list");
+    for (context, says) in [(None, "2 members, 2 ready"), (Some("east"), "tether-prod-east")] {
+        let mut cmd = tokio::process::Command::new(binary("tether").expect("tether binary"));
+        cmd.env("KUBECONFIG", &list).env("NO_COLOR", "1").arg("status");
+        if let Some(context) = context {
+            cmd.args(["--context", context]);
+        }
+        let out = ok(&cmd.output().await.expect("run tether"));
+        assert!(out.contains(says), "{context:?}: {out}");
+    }
 
     // destroy refuses while members remain.
     fails(
@@ -403,9 +415,9 @@ async fn every_command_init_prints_works_as_printed_for_a_set_outside_tether_sys
     helm_args[0] = "template".into();
     let token_value = helm_args
         .iter()
-        .position(|w| w.starts_with("leader.token="))
-        .expect("leader.token");
-    helm_args[token_value] = format!("leader.token={fresh}");
+        .position(|w| w.starts_with("token="))
+        .expect("token=");
+    helm_args[token_value] = format!("token={fresh}");
     let rendered = helm(&helm_args);
     assert!(
         rendered.status.success(),

@@ -103,13 +103,56 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_after_a_crash() 
         .expect("mcls");
     assert_eq!(mcs.items.len(), 2, "one ManagedCluster per member");
 
-    // SIGTERM: a clean exit that frees the Lease at once.
+    // A third replica joins as standby. SIGTERM of the leader: a clean exit that releases the
+    // Lease, and the standby, watching the Lease, takes it at once instead of at expiry.
+    let standby = Controller::start(&cluster, "leader-c", &kubeconfig, &args).expect("replica c");
+    eventually(
+        "replica c ready as a standby",
+        Duration::from_secs(30),
+        || async {
+            let (code, _) = standby.admin_get("/readyz").await.map_err(|e| e.to_string())?;
+            match (code, leads(&standby).await?) {
+                (200, false) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
     let status = replicas[second].terminate();
     assert_eq!(
         status.as_deref(),
         Some("exit status: 0"),
         "{}",
         replicas[second].log_tail(20)
+    );
+    let released = Instant::now();
+    eventually("replica c to lead", Duration::from_secs(30), || async {
+        if leads(&standby).await? {
+            Ok(())
+        } else {
+            Err("standby".to_string())
+        }
+    })
+    .await;
+    eprintln!(
+        "takeover {:?} after the leader released the Lease",
+        released.elapsed()
+    );
+    assert_eq!(holder(&leases).await.as_deref(), Some("leader-c"));
+    assert!(
+        standby
+            .log()
+            .contains("The leader released the Lease; taking it over"),
+        "the standby saw the release rather than waiting for expiry:\n{}",
+        standby.log_tail(30)
+    );
+    let mut replicas: Vec<Controller> = replicas.into_iter().chain([standby]).collect();
+    let status = replicas[2].terminate();
+    assert_eq!(
+        status.as_deref(),
+        Some("exit status: 0"),
+        "{}",
+        replicas[2].log_tail(20)
     );
     eventually("the Lease released", Duration::from_secs(10), || async {
         match holder(&leases).await {

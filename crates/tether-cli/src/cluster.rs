@@ -20,13 +20,22 @@ pub struct Target {
 }
 
 impl Target {
-    /// The client configuration from the kubeconfig.
+    /// The client configuration from the kubeconfig; in a pod with no kubeconfig (the agent
+    /// chart's uninstall hook), the pod's ServiceAccount.
     pub async fn config(&self) -> anyhow::Result<Config> {
         let kubeconfig = match &self.kubeconfig {
             Some(path) => Kubeconfig::read_from(path)
                 .with_context(|| format!("cannot read kubeconfig {}", path.display()))?,
-            None => Kubeconfig::read()
-                .context("cannot read the kubeconfig: pass --kubeconfig or set KUBECONFIG")?,
+            None => match Kubeconfig::read() {
+                Ok(kubeconfig) => kubeconfig,
+                Err(_) if self.context.is_none() && std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
+                    return Config::incluster().context("cannot use the pod's ServiceAccount");
+                }
+                Err(err) => {
+                    return Err(err)
+                        .context("cannot read the kubeconfig: pass --kubeconfig or set KUBECONFIG");
+                }
+            },
         };
         let opts = KubeConfigOptions {
             context: self.context.clone(),

@@ -29,8 +29,9 @@ Then:
   tether leave                             # on a member
   tether destroy --clusterset prod         # on the leader")]
 pub struct Cli {
-    /// Kubeconfig to use (default: $KUBECONFIG or ~/.kube/config).
-    #[arg(long, global = true, env = "KUBECONFIG")]
+    /// Kubeconfig to use (default: $KUBECONFIG, a list of files merged as kubectl does, or
+    /// ~/.kube/config).
+    #[arg(long, global = true)]
     pub kubeconfig: Option<std::path::PathBuf>,
     /// Kubeconfig context to use (default: the current context).
     #[arg(long, global = true)]

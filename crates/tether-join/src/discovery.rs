@@ -156,6 +156,28 @@ pub fn ca_from_kubeconfig(text: &str) -> Result<String, DiscoveryError> {
     String::from_utf8(pem).map_err(|e| DiscoveryError::NoCa(e.to_string()))
 }
 
+/// The server URL of the first cluster in a kubeconfig, if it has one.
+pub fn server_from_kubeconfig(text: &str) -> Option<String> {
+    Kubeconfig::from_yaml(text)
+        .ok()?
+        .clusters
+        .first()
+        .and_then(|c| c.cluster.as_ref())
+        .and_then(|c| c.server.clone())
+        .filter(|s| !s.trim().is_empty())
+}
+
+/// The URL this cluster publishes for joiners in `kube-public/cluster-info` (kubeadm's control
+/// plane endpoint, or the leader chart's `leaderURL`), read with `client`'s credentials. `None`
+/// when there is no such ConfigMap or it cannot be read.
+pub async fn published_url(client: &Client) -> Option<String> {
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), DISCOVERY_NAMESPACE)
+        .get_opt(DISCOVERY_CONFIGMAP)
+        .await
+        .ok()??;
+    server_from_kubeconfig(cm.data.as_ref()?.get(DISCOVERY_KEY)?)
+}
+
 /// Checks that a certificate of `pem_bundle` has `pin`; the error says what was seen instead.
 pub fn check_pin(pem_bundle: &str, pin: &CaPin) -> Result<pin::Ca, DiscoveryError> {
     let cas = pin::certificates(pem_bundle)?;
@@ -281,6 +303,17 @@ mod tests {
         let text = &cm.data.unwrap()[DISCOVERY_KEY];
         assert_eq!(ca_from_kubeconfig(text).unwrap(), pem);
         assert!(ca_from_kubeconfig("clusters: []").is_err());
+    }
+
+    #[test]
+    fn the_published_kubeconfig_gives_back_the_url() {
+        let cm = cluster_info("ca", "https://leader:6443", BTreeMap::new());
+        let text = &cm.data.unwrap()[DISCOVERY_KEY];
+        assert_eq!(
+            server_from_kubeconfig(text).as_deref(),
+            Some("https://leader:6443")
+        );
+        assert_eq!(server_from_kubeconfig("not: [yaml"), None);
     }
 
     #[test]

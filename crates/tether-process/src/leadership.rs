@@ -1,10 +1,15 @@
 //! Lease leader election as a value: a `watch` of "this replica leads" that the controllers read
 //! before every write. The replica steps down (publishes `false`) as soon as a renewal fails or
-//! another holder takes the Lease, and releases the Lease on shutdown so a peer takes over at once.
+//! another holder takes the Lease, and releases the Lease on shutdown so a peer takes over at once:
+//! standbys watch the Lease and try to take it the moment it is released, instead of sleeping
+//! until it would have expired.
 
 use std::time::Duration;
 
-use kube::Client;
+use futures::StreamExt as _;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Api, Client};
 use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -37,7 +42,10 @@ impl Leadership {
 /// This replica's identity in the Lease: `--identity`, else the host name plus the process id.
 pub fn identity(args: &ProcessArgs) -> String {
     args.identity.clone().unwrap_or_else(|| {
-        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "tether".into());
+        // In a pod, the charts set POD_NAME (the downward API); HOSTNAME is the same there.
+        let host = std::env::var("POD_NAME")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .unwrap_or_else(|_| "tether".into());
         format!("{host}-{}", std::process::id())
     })
 }
@@ -84,21 +92,58 @@ pub fn elect(
                     }
                 }
             };
-            if follow(&manager, &tx, &identity, &shutdown).await {
-                return;
+            let lease = Api::<Lease>::namespaced(client.clone(), &namespace);
+            match follow(&manager, &lease, &lease_name, &tx, &identity, &shutdown).await {
+                Next::Stop => return,
+                Next::Rebuild => info!(%identity, "The leader released the Lease; taking it over"),
+                Next::Retry => {}
             }
         }
     });
     Leadership { rx, task }
 }
 
-/// Publishes lease changes until shutdown (returns true) or an API error (returns false).
+/// What `follow` ends with.
+enum Next {
+    /// Shutdown: the Lease is released if this replica held it.
+    Stop,
+    /// The Lease API failed; start over after a pause (already taken).
+    Retry,
+    /// The holder released the Lease: start over at once with fresh state. The manager trusts
+    /// its cached expiry and would otherwise sleep until then.
+    Rebuild,
+}
+
+/// Publishes lease changes until shutdown, an API error or, on a standby, a release seen on the
+/// Lease's watch (a transition from a holder to none; the first state seen is only a baseline).
 async fn follow(
     manager: &LeaseManager,
+    lease: &Api<Lease>,
+    lease_name: &str,
     tx: &watch::Sender<bool>,
     identity: &str,
     shutdown: &CancellationToken,
-) -> bool {
+) -> Next {
+    let config = watcher::Config::default().fields(&format!("metadata.name={lease_name}"));
+    let mut releases = watcher::watcher(lease.clone(), config)
+        .default_backoff()
+        .filter_map(|event| async move {
+            match event {
+                Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) => Some(holder(&l)),
+                Ok(watcher::Event::Delete(_)) => Some(None),
+                Ok(_) => None,
+                // Retried with backoff; meanwhile the manager still takes an expired Lease.
+                Err(err) => {
+                    warn!(
+                        error = &err as &dyn std::error::Error,
+                        "Cannot watch the Lease; retrying"
+                    );
+                    None
+                }
+            }
+        })
+        .boxed();
+    let mut last_holder: Option<Option<String>> = None;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => {
@@ -109,7 +154,7 @@ async fn follow(
                         Err(err) => warn!(error = &err as &dyn std::error::Error, "Cannot release the Lease"),
                     }
                 }
-                return true;
+                return Next::Stop;
             }
             changed = manager.changed() => match changed {
                 Ok(leads) => {
@@ -124,11 +169,27 @@ async fn follow(
                         warn!(error = &err as &dyn std::error::Error, "Lease API failed; retrying");
                     }
                     tokio::select! {
-                        _ = shutdown.cancelled() => return true,
-                        _ = tokio::time::sleep(RETRY) => return false,
+                        _ = shutdown.cancelled() => return Next::Stop,
+                        _ = tokio::time::sleep(RETRY) => return Next::Retry,
                     }
+                }
+            },
+            Some(now) = releases.next() => {
+                let released = matches!(&last_holder, Some(Some(h)) if h != identity) && now.is_none();
+                last_holder = Some(now);
+                if released && !*tx.borrow() {
+                    return Next::Rebuild;
                 }
             }
         }
     }
+}
+
+/// The Lease's holder; an empty name (as some releases leave it) counts as none.
+fn holder(lease: &Lease) -> Option<String> {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.clone())
+        .filter(|h| !h.is_empty())
 }

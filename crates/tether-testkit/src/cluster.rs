@@ -13,6 +13,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
+use crate::lab;
+use crate::node::{Node, NodeSpec};
 use crate::pki::Pki;
 use crate::process::{self, Proc};
 use crate::tools::Tools;
@@ -32,9 +34,19 @@ pub struct ClusterBuilder {
     audit_log: bool,
     bootstrap_tokens: bool,
     root: Option<PathBuf>,
+    nodes: usize,
 }
 
 impl ClusterBuilder {
+    /// Starts `n` real nodes (containerd, kubelet, kube-proxy) and kube-scheduler, and waits
+    /// until every node is Ready (default: none). The process must be in its lab
+    /// (`lab::enter()`); the API server then listens on the lab bridge, and `url()` is that
+    /// address, reachable from every node and pod of the run.
+    pub fn nodes(mut self, n: usize) -> Self {
+        self.nodes = n;
+        self
+    }
+
     /// Whether to run kube-controller-manager (default: yes).
     pub fn controller_manager(mut self, on: bool) -> Self {
         self.controller_manager = on;
@@ -99,8 +111,9 @@ impl ClusterBuilder {
 /// panicking, the logs' last lines are printed and the folder is kept for inspection.
 pub struct TestCluster {
     name: String,
-    // NB: fields drop in order: processes first (kube-controller-manager, kube-apiserver, etcd),
-    // then the folder they write to.
+    // NB: fields drop in order: nodes first, then processes (kube-scheduler,
+    // kube-controller-manager, kube-apiserver, etcd), then the folder they write to.
+    nodes: Vec<Node>,
     procs: Vec<Proc>,
     dir: Option<tempfile::TempDir>,
     url: String,
@@ -120,6 +133,7 @@ impl TestCluster {
             audit_log: false,
             bootstrap_tokens: true,
             root: None,
+            nodes: 0,
         }
     }
 
@@ -149,8 +163,19 @@ impl TestCluster {
         ] {
             write(&d.join(file), pem)?;
         }
+        if opts.nodes > 0 && !lab::entered() {
+            return Err(Error::Lab(
+                "a cluster with nodes needs the lab: call tether_testkit::lab::enter() first thing in main"
+                    .into(),
+            ));
+        }
         let (etcd_client, etcd_peer, api_port) = (free_port()?, free_port()?, free_port()?);
-        let url = format!("https://127.0.0.1:{api_port}");
+        let host = if opts.nodes > 0 {
+            lab::GATEWAY.to_string()
+        } else {
+            "127.0.0.1".to_string()
+        };
+        let url = format!("https://{host}:{api_port}");
         let kubeconfig = d.join("kubeconfig");
         write(&kubeconfig, &admin_kubeconfig(&opts.name, &url, &pki))?;
 
@@ -172,7 +197,6 @@ impl TestCluster {
 
         let mut api = Command::new(tools.path("kube-apiserver"));
         api.arg(format!("--etcd-servers=http://127.0.0.1:{etcd_client}"))
-            .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
             .arg(format!("--secure-port={api_port}"))
             .arg(format!("--cert-dir={}", d.join("certs").display()))
             .arg(format!("--tls-cert-file={}", d.join("serving.crt").display()))
@@ -194,11 +218,32 @@ impl TestCluster {
                 "--service-account-signing-key-file={}",
                 d.join("sa.key").display()
             ))
-            .args([
-                "--service-cluster-ip-range=10.0.0.0/24",
-                "--endpoint-reconciler-type=none",
-            ])
+            .arg("--service-cluster-ip-range=10.0.0.0/24")
             .args(["--allow-privileged=true", "--profiling=false", "--v=1"]);
+        if opts.nodes > 0 {
+            // Pods reach the API server as the `kubernetes` Service, whose endpoint is the
+            // advertised lab address; kubectl logs/exec reach kubelets with a client certificate.
+            let (cert, key) = pki.client_cert("kube-apiserver-kubelet-client", Some("system:masters"))?;
+            write(&d.join("kubelet-client.crt"), &cert)?;
+            write(&d.join("kubelet-client.key"), &key)?;
+            api.args([
+                "--bind-address=0.0.0.0",
+                &format!("--advertise-address={}", lab::GATEWAY),
+            ])
+            .arg("--endpoint-reconciler-type=lease")
+            .arg(format!(
+                "--kubelet-client-certificate={}",
+                d.join("kubelet-client.crt").display()
+            ))
+            .arg(format!(
+                "--kubelet-client-key={}",
+                d.join("kubelet-client.key").display()
+            ))
+            .arg("--kubelet-preferred-address-types=InternalIP");
+        } else {
+            api.args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
+                .arg("--endpoint-reconciler-type=none");
+        }
         if !opts.controller_manager {
             api.arg("--disable-admission-plugins=ServiceAccount");
         }
@@ -215,6 +260,7 @@ impl TestCluster {
         let config = kube_config(&kubeconfig).await?;
         let mut cluster = Self {
             name: opts.name.clone(),
+            nodes: Vec::new(),
             procs,
             dir: Some(dir),
             url,
@@ -239,9 +285,12 @@ impl TestCluster {
             cluster
                 .procs
                 .push(Proc::spawn("kube-controller-manager", kcm, &d)?);
-            if opts.wait_for_controllers {
+            if opts.wait_for_controllers || opts.nodes > 0 {
                 cluster.wait_controllers().await?;
             }
+        }
+        if opts.nodes > 0 {
+            cluster.start_nodes(opts, tools).await?;
         }
         cluster.startup = started.elapsed();
         eprintln!(
@@ -249,6 +298,91 @@ impl TestCluster {
             cluster.name, cluster.url, cluster.startup
         );
         Ok(cluster)
+    }
+
+    async fn start_nodes(&mut self, opts: &ClusterBuilder, tools: &Tools) -> Result<(), Error> {
+        let d = self.dir().to_path_buf();
+        let missing: Vec<&str> = ["kube-scheduler", "kubelet", "kube-proxy"]
+            .into_iter()
+            .filter(|t| !tools.path(t).is_file())
+            .collect();
+        if !missing.is_empty() {
+            return Err(Error::ToolsMissing {
+                dir: tools.dir().to_path_buf(),
+                missing: missing.join(", "),
+            });
+        }
+        crate::node::image_archives()?;
+        let mut scheduler = Command::new(tools.path("kube-scheduler"));
+        scheduler
+            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .args(["--leader-elect=false", "--secure-port=0", "--v=1"]);
+        self.procs.push(Proc::spawn("kube-scheduler", scheduler, &d)?);
+        for i in 0..opts.nodes {
+            let name = format!("{}-node-{i}", self.name);
+            let spec = NodeSpec {
+                cluster_dir: &d,
+                kubelet_cert: self
+                    .pki
+                    .client_cert(&format!("system:node:{name}"), Some("system:nodes"))?,
+                proxy_cert: self.pki.client_cert("system:kube-proxy", None)?,
+                name,
+                url: &self.url,
+                ca_pem: &self.pki.ca_cert,
+                detachable: opts.root.is_some(),
+            };
+            self.nodes.push(Node::start(spec, tools)?);
+        }
+        self.wait_nodes_ready().await
+    }
+
+    /// Waits until every node of the cluster reports Ready.
+    async fn wait_nodes_ready(&mut self) -> Result<(), Error> {
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client()?);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            self.check_alive()?;
+            for n in &mut self.nodes {
+                if let Some(status) = n.exited() {
+                    return Err(Error::Exited {
+                        name: n.name().to_string(),
+                        status,
+                        log: n.logs(30),
+                    });
+                }
+            }
+            let ready = nodes
+                .list(&Default::default())
+                .await
+                .map(|l| {
+                    l.items
+                        .iter()
+                        .filter(|n| {
+                            n.status
+                                .as_ref()
+                                .and_then(|s| s.conditions.as_ref())
+                                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+                        })
+                        .count()
+                })
+                .unwrap_or(0);
+            if ready == self.nodes.len() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let logs: String = self.nodes.iter().map(|n| n.logs(30)).collect();
+                return Err(Error::NotReady {
+                    name: self.name.clone(),
+                    what: format!("{ready} of {} nodes Ready; node logs:\n{logs}", self.nodes.len()),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// The cluster's real nodes (empty unless started with `nodes(n)`).
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
     }
 
     async fn wait_ready(&mut self) -> Result<(), Error> {
@@ -319,6 +453,9 @@ impl TestCluster {
     /// Leaves the cluster running after this value is gone (a sandbox): its processes are not
     /// killed and its folder is kept. Returns the folder; its `children` file lists the pids.
     pub fn detach(mut self) -> PathBuf {
+        for n in self.nodes.drain(..) {
+            n.detach();
+        }
         for p in self.procs.drain(..) {
             std::mem::forget(p);
         }
@@ -440,8 +577,13 @@ impl Drop for TestCluster {
                 self.name,
                 self.logs(40)
             );
+            for n in &self.nodes {
+                eprintln!("{}", n.logs(40));
+            }
         }
-        // Kill in reverse start order, then remove (or keep) the folder.
+        // Nodes first (pods, kubelet, containerd), then the control plane in reverse start
+        // order, then remove (or keep) the folder.
+        self.nodes.clear();
         while let Some(mut p) = self.procs.pop() {
             p.stop();
         }
@@ -458,9 +600,24 @@ const AUDIT_POLICY: &str =
     "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n";
 
 fn admin_kubeconfig(name: &str, url: &str, pki: &Pki) -> String {
-    let ca = B64.encode(&pki.ca_cert);
-    let cert = B64.encode(&pki.admin_cert);
-    let key = B64.encode(&pki.admin_key);
+    client_kubeconfig(
+        name,
+        url,
+        &pki.ca_cert,
+        &(pki.admin_cert.clone(), pki.admin_key.clone()),
+    )
+}
+
+/// A kubeconfig for `url` that authenticates with a client certificate and key (PEM).
+pub(crate) fn client_kubeconfig(
+    name: &str,
+    url: &str,
+    ca_pem: &str,
+    (cert, key): &(String, String),
+) -> String {
+    let ca = B64.encode(ca_pem);
+    let cert = B64.encode(cert);
+    let key = B64.encode(key);
     format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: {name}\n  cluster:\n    server: {url}\n    certificate-authority-data: {ca}\n\
          users:\n- name: {name}-admin\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\n\

@@ -4,6 +4,8 @@
 
 pub mod cluster;
 pub mod controller;
+pub mod lab;
+pub mod node;
 pub mod pki;
 pub mod process;
 pub mod tokens;
@@ -14,6 +16,7 @@ use std::path::PathBuf;
 
 pub use cluster::{ClusterBuilder, TestCluster};
 pub use controller::{Controller, token_kubeconfig};
+pub use node::Node;
 pub use tokens::{BootstrapToken, CreateToken};
 pub use tools::Tools;
 pub use wait::{eventually, install_crds, install_tether_crds};
@@ -69,6 +72,9 @@ pub enum Error {
         /// What was last seen.
         what: String,
     },
+    /// The lab (the node tier's network namespace) could not be set up.
+    #[error("node tier: {0}")]
+    Lab(String),
     /// Certificate generation failed.
     #[error("certificates: {0}")]
     Pki(#[from] rcgen::Error),

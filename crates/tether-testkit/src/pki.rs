@@ -11,6 +11,8 @@ use crate::Error;
 
 /// PEM material of one cluster.
 pub struct Pki {
+    /// Signs further client certificates (nodes, the API server's kubelet client).
+    issuer: Issuer<'static, KeyPair>,
     /// CA certificate (PEM).
     pub ca_cert: String,
     /// kubeadm-style pin of the CA: `sha256:` + hex SHA-256 of its SubjectPublicKeyInfo.
@@ -46,10 +48,22 @@ impl Pki {
         let issuer = Issuer::new(ca_params, ca_key);
 
         let serving_key = KeyPair::generate()?;
-        let mut serving = CertificateParams::new(vec!["localhost".to_string(), "kubernetes".to_string()])?;
-        serving
-            .subject_alt_names
-            .push(SanType::IpAddress([127, 0, 0, 1].into()));
+        // Reachable as localhost, from the lab bridge (node tier) and, in pods, as the
+        // `kubernetes` Service (10.0.0.1 and its DNS names).
+        let mut serving = CertificateParams::new(
+            [
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ]
+            .map(String::from)
+            .to_vec(),
+        )?;
+        for ip in [[127, 0, 0, 1], crate::lab::GATEWAY.octets(), [10, 0, 0, 1]] {
+            serving.subject_alt_names.push(SanType::IpAddress(ip.into()));
+        }
         serving.distinguished_name = name("kube-apiserver", None);
         serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let serving_cert = serving.signed_by(&serving_key, &issuer)?;
@@ -62,6 +76,7 @@ impl Pki {
 
         let sa_key = KeyPair::generate()?;
         Ok(Self {
+            issuer,
             ca_cert: ca_cert.pem(),
             ca_cert_hash,
             serving_cert: serving_cert.pem(),
@@ -71,6 +86,22 @@ impl Pki {
             service_account_key: sa_key.serialize_pem(),
             service_account_pub: sa_key.public_key_pem(),
         })
+    }
+}
+
+impl Pki {
+    /// A client certificate and key (PEM) for `common_name` in `organization`, signed by the CA.
+    pub fn client_cert(
+        &self,
+        common_name: &str,
+        organization: Option<&str>,
+    ) -> Result<(String, String), Error> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name = name(common_name, organization);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok((cert.pem(), key.serialize_pem()))
     }
 }
 

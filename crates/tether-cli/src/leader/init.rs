@@ -66,10 +66,14 @@ pub async fn init(target: &Target, args: InitArgs) -> anyhow::Result<()> {
     wait_for_leader(&sets, set, args.wait).await?;
 
     let token = create_token(&client, &config, &set_ref, args.token_ttl).await?;
-    let url = args
-        .leader_url
-        .clone()
-        .unwrap_or_else(|| config.cluster_url.to_string().trim_end_matches('/').to_string());
+    let url = match &args.leader_url {
+        Some(url) => url.clone(),
+        None => tether_join::discovery::published_url(&client)
+            .await
+            .unwrap_or_else(|| config.cluster_url.to_string())
+            .trim_end_matches('/')
+            .to_string(),
+    };
     let ca = ca_pem(&config)
         .context("the kubeconfig has no CA for this cluster; cannot compute --ca-cert-hash")?;
     let hash = tether_join::pin::certificates(&ca)?
@@ -114,7 +118,7 @@ pub async fn init(target: &Target, args: InitArgs) -> anyhow::Result<()> {
 pub fn helm_command(url: &str, token: &str, hash: &CaPin, set: &SetRef) -> String {
     format!(
         "  helm install tether-agent charts/tether-agent -n tether-system --create-namespace \\\n    \
-         --set leader.url={url} --set leader.token={token} --set leader.caCertHash={hash} \\\n    \
+         --set parentURL={url} --set token={token} --set caCertHash={hash} \\\n    \
          --set clusterSet={} --set leader.namespace={} --set cluster.name=<CLUSTER-NAME>",
         set.name, set.namespace
     )

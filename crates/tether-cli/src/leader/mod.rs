@@ -40,7 +40,9 @@ pub struct InitArgs {
     /// Lifetime of the join token.
     #[arg(long, default_value = "24h", value_parser = tether_api::duration::parse)]
     pub token_ttl: Duration,
-    /// The leader API server URL members reach (default: the kubeconfig's server).
+    /// The leader API server URL members reach. Default: the server published in
+    /// kube-public/cluster-info (kubeadm's endpoint, or the leader chart's `leaderURL`), else the
+    /// kubeconfig's server.
     #[arg(long)]
     pub leader_url: Option<String>,
     /// Write a join config file (for `tether join --config`) instead of printing the token.

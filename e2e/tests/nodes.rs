@@ -1,0 +1,430 @@
+//! The node tier: Tether as real pods. Three clusters (a leader and two members), each with a
+//! real node (containerd, kubelet, kube-proxy) running the project's own image from `make
+//! image`; both charts installed with `helm install --wait` (the leader with 2 replicas; member
+//! `east` with Helm 4, `west` with Helm 3), the agents joining with the values `tether init`
+//! printed, then failover, `helm upgrade` and `helm uninstall` as users do them.
+//!
+//! This binary has its own `main` (libtest-mimic): it must move into its lab network namespace
+//! (`tether_testkit::lab::enter`) before any thread starts, so every address it uses lives in
+//! namespaces this run creates.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams};
+use libtest_mimic::{Arguments, Failed, Trial};
+use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster};
+use tether_e2e::pods::{self, Helm, NAMESPACE, PodFleet, chart_pods, ready_members, shell, step, text};
+use tether_testkit::{TestCluster, eventually};
+
+fn main() -> ExitCode {
+    let args = Arguments::from_args();
+    if let Err(err) = tether_testkit::lab::enter() {
+        eprintln!("error: the node tier cannot run here: {err}");
+        return ExitCode::FAILURE;
+    }
+    let tests = vec![Trial::test(
+        "charts_run_as_real_pods_join_fail_over_upgrade_and_uninstall_cleanly",
+        || run(real_pods()),
+    )];
+    libtest_mimic::run(&args, tests).exit_code()
+}
+
+fn run(test: impl std::future::Future<Output = ()>) -> Result<(), Failed> {
+    tokio::runtime::Runtime::new()
+        .map_err(|e| Failed::from(e.to_string()))?
+        .block_on(test);
+    Ok(())
+}
+
+/// UID of every ManagedCluster and the number of registration requests at the leader: a second
+/// registration of the same member would change either.
+async fn identities(leader: &TestCluster) -> (BTreeMap<String, String>, usize) {
+    let client = leader.client().expect("client");
+    let mcs = Api::<ManagedCluster>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .expect("list mcls");
+    let requests = Api::<ClusterRegistrationRequest>::all(client)
+        .list(&Default::default())
+        .await
+        .expect("list requests");
+    (
+        mcs.items
+            .iter()
+            .map(|m| (m.name_any(), m.uid().unwrap_or_default()))
+            .collect(),
+        requests.items.len(),
+    )
+}
+
+async fn lease_holder(cluster: &TestCluster, lease: &str) -> String {
+    Api::<Lease>::namespaced(cluster.client().expect("client"), NAMESPACE)
+        .get(lease)
+        .await
+        .ok()
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default()
+}
+
+/// Both members are Ready with the same ManagedCluster UIDs and registration count as `before`:
+/// nobody was lost or registered again across `what`.
+async fn assert_members_kept(leader: &TestCluster, before: &(BTreeMap<String, String>, usize), what: &str) {
+    assert_eq!(ready_members(leader).await.len(), 2, "no member lost in {what}");
+    assert_eq!(
+        &identities(leader).await,
+        before,
+        "no second registration in {what}"
+    );
+}
+
+/// No log line of any pod of `app` (debug level since the upgrade, so every API error is logged)
+/// shows a 403: the chart's RBAC is all the controllers need.
+async fn assert_no_denials(cluster: &TestCluster, app: &str) {
+    let pods: Api<Pod> = Api::namespaced(cluster.client().expect("client"), NAMESPACE);
+    let running = chart_pods(cluster, app).await;
+    assert!(!running.is_empty(), "{app} pods in {}", cluster.name());
+    for (name, _, _) in running {
+        let log = pods
+            .logs(&name, &Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("logs of {name}: {e}"));
+        assert!(
+            !log.is_empty() && !log.contains("orbidden") && !log.contains("\"code\":403"),
+            "{app} pod {name} in {} needed more than its chart's RBAC (or logged nothing):\n{log}",
+            cluster.name()
+        );
+    }
+}
+
+/// Every pod of a chart is Running and Ready, `want` of them, all running `image`, under the
+/// charted security context.
+async fn assert_chart_pods(cluster: &TestCluster, app: &str, want: usize, image: &str) {
+    eventually(
+        &format!("{want} Ready {app} pods running {image}"),
+        Duration::from_secs(120),
+        || async {
+            let pods = chart_pods(cluster, app).await;
+            let good = pods
+                .iter()
+                .filter(|(_, ready, p)| {
+                    *ready
+                        && p.spec
+                            .as_ref()
+                            .is_some_and(|s| s.containers[0].image.as_deref() == Some(image))
+                })
+                .count();
+            if good == want && pods.len() == want {
+                Ok(pods)
+            } else {
+                Err(pods
+                    .iter()
+                    .map(|(n, r, _)| format!("{n} ready={r}"))
+                    .collect::<Vec<_>>())
+            }
+        },
+    )
+    .await;
+    for (name, _, pod) in chart_pods(cluster, app).await {
+        let spec = pod.spec.expect("spec");
+        let psc = spec.security_context.expect("pod securityContext");
+        assert_eq!(psc.run_as_non_root, Some(true), "{name}");
+        assert_eq!(
+            psc.seccomp_profile.map(|s| s.type_).as_deref(),
+            Some("RuntimeDefault"),
+            "{name}"
+        );
+        let csc = spec.containers[0]
+            .security_context
+            .clone()
+            .expect("container securityContext");
+        assert_eq!(csc.read_only_root_filesystem, Some(true), "{name}");
+        assert_eq!(csc.allow_privilege_escalation, Some(false), "{name}");
+        assert_eq!(
+            csc.capabilities.and_then(|c| c.drop).unwrap_or_default(),
+            vec!["ALL".to_string()],
+            "{name}"
+        );
+        let status = pod.status.expect("status");
+        let restarts: i32 = status
+            .container_statuses
+            .unwrap_or_default()
+            .iter()
+            .map(|c| c.restart_count)
+            .sum();
+        assert_eq!(restarts, 0, "{name} restarted: its probes or start-up failed");
+    }
+}
+
+/// Runs every command a chart's NOTES.txt prints for this release, as printed.
+fn run_notes(cluster: &TestCluster, helm: &Helm, release: &str) {
+    let notes = helm.ok(cluster, &["get", "notes", release, "-n", NAMESPACE]);
+    let commands: Vec<&str> = notes
+        .lines()
+        .map(|l| l.trim().split("  #").next().unwrap_or_default().trim())
+        .filter(|l| l.starts_with("kubectl ") || l.starts_with("tether "))
+        .collect();
+    assert!(commands.len() >= 3, "{release} NOTES print commands:\n{notes}");
+    for cmd in commands {
+        if cmd.ends_with(" -w") {
+            // A watch runs until stopped: it must print the set first.
+            let mut words = pods::words(cmd);
+            words.push("--request-timeout=3s".into());
+            let o = shell(cluster, &words.join(" "));
+            assert!(text(&o).contains("prod"), "`{cmd}` printed: {}", text(&o));
+            continue;
+        }
+        let o = shell(cluster, cmd);
+        assert!(
+            o.status.success(),
+            "`{cmd}` from {release}'s NOTES failed: {}",
+            text(&o)
+        );
+        assert!(!o.stdout.is_empty(), "`{cmd}` printed nothing");
+    }
+}
+
+async fn real_pods() {
+    let start = Instant::now();
+    let tag = pods::app_version();
+    let image = format!("{}:{tag}", pods::IMAGE_REPOSITORY);
+    let fleet = pods::up(None, &[("east", Helm::v4()), ("west", Helm::v3())], start).await;
+    let PodFleet { leader, members, .. } = &fleet;
+
+    step(
+        start,
+        "pods Running and Ready through their probes, under the charted security context",
+    );
+    assert_chart_pods(leader, "tether-leader", 2, &image).await;
+    for (_, cluster, _) in members {
+        assert_chart_pods(cluster, "tether-agent", 1, &image).await;
+    }
+    step(
+        start,
+        "kubectl get clusterset,mcls shows the members Ready with their real nodes",
+    );
+    let ready = ready_members(leader).await;
+    assert_eq!(
+        ready,
+        vec![
+            ("east".to_string(), "1/1".to_string()),
+            ("west".to_string(), "1/1".to_string())
+        ],
+        "members Ready with one real node each"
+    );
+    let table = text(&shell(leader, "kubectl get clusterset,mcls -A"));
+    assert!(
+        table.contains("east") && table.contains("west") && table.matches("1/1").count() >= 2,
+        "{table}"
+    );
+    let (ids, requests) = identities(leader).await;
+    assert_eq!(ids.len(), 2, "{ids:?}");
+
+    step(start, "every command of both NOTES.txt works as printed");
+    run_notes(leader, &Helm::v4(), "tether-leader");
+    for (_, cluster, helm) in members {
+        run_notes(cluster, helm, "tether-agent");
+    }
+
+    step(
+        start,
+        "delete the leading leader pod: the other replica takes over",
+    );
+    let holder = lease_holder(leader, "tether-leader").await;
+    let leader_pods: Vec<String> = chart_pods(leader, "tether-leader")
+        .await
+        .into_iter()
+        .map(|p| p.0)
+        .collect();
+    assert!(
+        leader_pods.contains(&holder),
+        "the Lease holder {holder:?} is a pod: {leader_pods:?}"
+    );
+    let t = Instant::now();
+    Api::<Pod>::namespaced(leader.client().expect("client"), NAMESPACE)
+        .delete(&holder, &DeleteParams::default())
+        .await
+        .expect("delete the leading pod");
+    let new_holder = eventually("another replica leads", Duration::from_secs(60), || async {
+        let h = lease_holder(leader, "tether-leader").await;
+        if !h.is_empty() && h != holder {
+            Ok(h)
+        } else {
+            Err(h)
+        }
+    })
+    .await;
+    let took = t.elapsed();
+    let now: Vec<String> = chart_pods(leader, "tether-leader")
+        .await
+        .into_iter()
+        .map(|p| p.0)
+        .collect();
+    step(
+        start,
+        &format!("  {new_holder} leads, {took:.1?} after the delete"),
+    );
+    // The standby watches the Lease and takes it when the deleted pod releases it on SIGTERM;
+    // were it to wait for expiry, the replacement pod (which starts in about a second) would win.
+    assert!(
+        leader_pods.contains(&new_holder) && now.contains(&new_holder) && new_holder != holder,
+        "the standby replica leads: {new_holder}, replicas before {leader_pods:?}, now {now:?}"
+    );
+    assert_chart_pods(leader, "tether-leader", 2, &image).await;
+    // Members stay Ready past a heartbeat grace period with the new leader, and nobody registers again.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_members_kept(leader, &(ids.clone(), requests), "the failover").await;
+
+    step(
+        start,
+        "helm upgrade both charts: a changed value and a second image tag",
+    );
+    let new_tag = format!("{tag}-upgrade");
+    let new_image = format!("{}:{new_tag}", pods::IMAGE_REPOSITORY);
+    for cluster in std::iter::once(leader).chain(members.iter().map(|m| &m.1)) {
+        for node in cluster.nodes() {
+            let o = node
+                .ctr()
+                .args(["images", "tag", &image, &new_image])
+                .output()
+                .expect("ctr");
+            assert!(o.status.success(), "ctr images tag: {}", text(&o));
+        }
+    }
+    let set_tag = format!("image.tag={new_tag}");
+    Helm::v4().ok(
+        leader,
+        &[
+            "upgrade",
+            "tether-leader",
+            "charts/tether-leader",
+            "-n",
+            NAMESPACE,
+            "--reuse-values",
+            "--set",
+            &set_tag,
+            "--set",
+            "logLevel=debug",
+            "--wait",
+            "--timeout",
+            "3m",
+        ],
+    );
+    for (name, cluster, helm) in members {
+        helm.ok(
+            cluster,
+            &[
+                "upgrade",
+                "tether-agent",
+                "charts/tether-agent",
+                "-n",
+                NAMESPACE,
+                "--reuse-values",
+                "--set",
+                &set_tag,
+                "--set",
+                "leaseDuration=20",
+                "--wait",
+                "--timeout",
+                "3m",
+            ],
+        );
+        step(start, &format!("  {name} upgraded with helm {}", helm.major));
+    }
+    assert_chart_pods(leader, "tether-leader", 2, &new_image).await;
+    for (_, cluster, _) in members {
+        assert_chart_pods(cluster, "tether-agent", 1, &new_image).await;
+    }
+    // The changed values reached the pods.
+    let args_of = |pods: Vec<(String, bool, Pod)>| -> Vec<String> {
+        pods.into_iter()
+            .flat_map(|(_, _, p)| {
+                p.spec
+                    .map(|s| s.containers[0].args.clone().unwrap_or_default())
+                    .unwrap_or_default()
+            })
+            .collect()
+    };
+    assert!(args_of(chart_pods(leader, "tether-leader").await).contains(&"--log-level=debug".to_string()));
+    for (_, cluster, _) in members {
+        assert!(
+            args_of(chart_pods(cluster, "tether-agent").await).contains(&"--lease-duration=20".to_string())
+        );
+    }
+    assert_members_kept(leader, &(ids.clone(), requests), "the upgrade").await;
+    step(
+        start,
+        "no pod was ever refused by RBAC (each runs with exactly its chart's rules)",
+    );
+    assert_no_denials(leader, "tether-leader").await;
+    for (_, cluster, _) in members {
+        assert_no_denials(cluster, "tether-agent").await;
+    }
+
+    step(
+        start,
+        "helm 3 uninstall tether-agent in west, without tether leave first",
+    );
+    let (_, west, helm3) = members.iter().find(|m| m.0 == "west").expect("west");
+    helm3.ok(
+        west,
+        &[
+            "uninstall",
+            "tether-agent",
+            "-n",
+            NAMESPACE,
+            "--wait",
+            "--timeout",
+            "3m",
+        ],
+    );
+    let sets = Api::<ClusterSet>::namespaced(west.client().expect("client"), NAMESPACE)
+        .list(&Default::default())
+        .await
+        .expect("list sets");
+    assert!(
+        sets.items.is_empty(),
+        "no ClusterSet (and so no finalizer) is left in west: {:?}",
+        sets.items
+            .iter()
+            .map(|s| (s.name_any(), s.finalizers().to_vec()))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        chart_pods(west, "tether-agent").await.is_empty(),
+        "no agent pod left"
+    );
+    let hook_pods = text(&shell(
+        west,
+        &format!("kubectl -n {NAMESPACE} get pods,jobs -o name"),
+    ));
+    assert!(
+        !hook_pods.contains("tether-agent-leave"),
+        "the hook Job cleaned up after itself: {hook_pods}"
+    );
+    eventually(
+        "west is removed at the leader",
+        Duration::from_secs(60),
+        || async {
+            let members = ready_members(leader).await;
+            let (ids, _) = identities(leader).await;
+            if ids.keys().any(|k| k == "west") {
+                Err(format!("{members:?}"))
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        ready_members(leader).await,
+        vec![("east".to_string(), "1/1".to_string())],
+        "east is untouched"
+    );
+    step(start, "done");
+}
