@@ -20,6 +20,23 @@ pub fn parse(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_text_parses_or_says_what_to_type(text in "\\PC*") {
+            match parse(&text) {
+                Ok(_) => prop_assert!(!text.trim().is_empty()),
+                Err(e) => prop_assert!(e.contains("like 90s, 5m or 24h") && e.contains(&format!("{text:?}")), "{}", e),
+            }
+        }
+
+        #[test]
+        fn hours_minutes_and_seconds_add_up(h in 0u64..1000, m in 0u64..60, sec in 0u64..60) {
+            let text = format!("{h}h{m}m{sec}s");
+            prop_assert_eq!(parse(&text), Ok(Duration::from_secs(h * 3600 + m * 60 + sec)));
+        }
+    }
 
     #[test]
     fn go_durations_parse_and_anything_else_says_what_to_type() {

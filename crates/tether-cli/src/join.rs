@@ -120,9 +120,7 @@ fn inputs(args: &JoinArgs) -> anyhow::Result<Inputs> {
     let hash = args.ca_cert_hash.clone().or(file.ca_cert_hash.clone()).context(
         "--ca-cert-hash is required (printed by `tether init`); it lets the agent verify the leader before sending the token",
     )?;
-    if !leader.starts_with("https://") {
-        bail!("--leader must be an https:// URL, got {leader:?}");
-    }
+    discovery::leader_uri(&leader).context("--leader")?;
     let pin = hash.parse().context("--ca-cert-hash")?;
     Ok(Inputs {
         leader,
@@ -405,6 +403,59 @@ async fn rollback(sets: &Api<ClusterSet>, secrets: &Api<Secret>, set: &str, wait
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+    use proptest::prelude::*;
+
+    fn join_args(extra: &[String]) -> Result<JoinArgs, clap::Error> {
+        #[derive(Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            args: JoinArgs,
+        }
+        let argv = std::iter::once("join".to_string()).chain(extra.iter().cloned());
+        Wrap::try_parse_from(argv).map(|w| w.args)
+    }
+
+    proptest! {
+        #[test]
+        fn any_leader_token_and_pin_are_checked_without_panicking(
+            leader in "\\PC{0,40}", token in "\\PC{0,40}", hash in "\\PC{0,80}"
+        ) {
+            let args = join_args(&[
+                format!("--leader={leader}"),
+                format!("--token={token}"),
+                format!("--ca-cert-hash={hash}"),
+            ]);
+            if let Ok(args) = args
+                && let Err(e) = inputs(&args)
+            {
+                let msg = format!("{e:#}");
+                prop_assert!(
+                    msg.contains("--leader") || msg.contains("--ca-cert-hash"),
+                    "the error names the flag: {}", msg
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn missing_and_malformed_inputs_name_the_flag() {
+        let err = |extra: &[&str]| {
+            let args = join_args(&extra.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+            format!("{:#}", inputs(&args).err().expect("refused"))
+        };
+        let pin = format!("--ca-cert-hash=sha256:{}", "ab".repeat(32));
+        assert!(err(&["--token=a.b", &pin]).contains("--leader is required"));
+        assert!(err(&["--leader=https://l:6443", &pin]).contains("--token is required"));
+        assert!(err(&["--leader=https://l:6443", "--token=a.b"]).contains("--ca-cert-hash is required"));
+        let bad_url = err(&["--leader=leader:6443", "--token=a.b", &pin]);
+        assert!(
+            bad_url.contains("--leader") && bad_url.contains("https://<host>"),
+            "{bad_url}"
+        );
+        let bad_pin = err(&["--leader=https://l:6443", "--token=a.b", "--ca-cert-hash=md5:00"]);
+        assert!(bad_pin.contains("--ca-cert-hash"), "{bad_pin}");
+    }
 
     #[test]
     fn context_names_become_dns_labels() {

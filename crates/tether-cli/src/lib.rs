@@ -150,6 +150,27 @@ async fn version(target: &cluster::Target) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_command_line_parses_or_is_refused_without_panicking(
+            args in proptest::collection::vec(
+                prop_oneof![
+                    Just("init".to_string()), Just("join".to_string()), Just("status".to_string()),
+                    Just("leave".to_string()), Just("destroy".to_string()), Just("token".to_string()),
+                    Just("create".to_string()), Just("approve".to_string()),
+                    Just("--clusterset".to_string()), Just("--timeout".to_string()), Just("-o".to_string()),
+                    Just("--approval".to_string()), Just("--token-ttl".to_string()), Just("-n".to_string()),
+                    "\\PC{0,12}", "--[a-z-]{1,12}(=\\PC{0,8})?",
+                ],
+                0..8,
+            )
+        ) {
+            let argv = std::iter::once("tether".to_string()).chain(args);
+            let _ = Cli::try_parse_from(argv);
+        }
+    }
 
     #[test]
     fn the_command_line_is_consistent() {

@@ -85,23 +85,27 @@ pub enum Trust {
     Insecure,
 }
 
-fn uri(url: &str) -> Result<http::Uri, DiscoveryError> {
+const EXPECTED_URL: &str = "it must be https://<host>[:<port>]";
+
+/// Checks a leader URL as users type it: `https://<host>[:<port>]` (a path is allowed, for a
+/// leader behind a proxy), with an error that quotes it and says what is expected.
+pub fn leader_uri(url: &str) -> Result<http::Uri, DiscoveryError> {
     let bad = |reason: String| DiscoveryError::BadUrl {
         url: url.to_string(),
         reason,
     };
     let uri: http::Uri = url
         .parse()
-        .map_err(|e: http::uri::InvalidUri| bad(e.to_string()))?;
-    if uri.scheme_str() != Some("https") || uri.host().is_none() {
-        return Err(bad("it must be https://<host>[:<port>]".into()));
+        .map_err(|e: http::uri::InvalidUri| bad(format!("{e}; {EXPECTED_URL}")))?;
+    if uri.scheme_str() != Some("https") || uri.host().is_none_or(str::is_empty) {
+        return Err(bad(EXPECTED_URL.into()));
     }
     Ok(uri)
 }
 
 /// Client configuration for the leader at `url` with `trust`, authenticating with `token` if any.
 pub fn leader_config(url: &str, trust: &Trust, token: Option<&str>) -> Result<Config, DiscoveryError> {
-    let mut config = Config::new(uri(url)?);
+    let mut config = Config::new(leader_uri(url)?);
     match trust {
         Trust::Ca(pem_bundle) => {
             config.root_cert = Some(
@@ -196,7 +200,7 @@ pub fn check_pin(pem_bundle: &str, pin: &CaPin) -> Result<pin::Ca, DiscoveryErro
 
 /// A client that talks to `url` only through `verifier`, anonymously.
 fn pinned_client(url: &str, verifier: Arc<PinVerifier>) -> Result<Client, DiscoveryError> {
-    let config = Config::new(uri(url)?);
+    let config = Config::new(leader_uri(url)?);
     let unreachable = |reason: String| DiscoveryError::Unreachable {
         url: url.to_string(),
         reason,
@@ -273,6 +277,45 @@ pub async fn trust_for(spec: &tether_api::clusterset::MemberSpec) -> Result<Trus
 mod tests {
     use super::*;
     use crate::pin::tests::ca;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_leader_url_is_checked_without_panicking(text in "\\PC*") {
+            match leader_uri(&text) {
+                Ok(uri) => {
+                    prop_assert_eq!(uri.scheme_str(), Some("https"));
+                    prop_assert!(uri.host().is_some_and(|h| !h.is_empty()));
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    prop_assert!(msg.contains(&format!("{text:?}")), "the error quotes the URL: {}", msg);
+                }
+            }
+        }
+
+        #[test]
+        fn https_host_port_urls_are_accepted(host in "[a-z][a-z0-9-]{0,20}(\\.[a-z][a-z0-9-]{0,10}){0,3}", port in 1u16..) {
+            let url = format!("https://{host}:{port}");
+            let uri = leader_uri(&url).unwrap();
+            prop_assert_eq!(uri.host(), Some(host.as_str()));
+            prop_assert_eq!(uri.port_u16(), Some(port));
+        }
+
+        #[test]
+        fn kubeconfig_text_of_any_shape_never_panics(text in "\\PC*") {
+            let _ = server_from_kubeconfig(&text);
+            let _ = ca_from_kubeconfig(&text);
+        }
+
+        #[test]
+        fn the_server_of_a_kubeconfig_is_read_back(server in "https://[a-z0-9.-]{1,30}(:[0-9]{1,5})?") {
+            let text = format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n"
+            );
+            prop_assert_eq!(server_from_kubeconfig(&text), Some(server));
+        }
+    }
 
     #[test]
     fn a_wrong_pin_names_what_was_seen_and_how_to_get_the_right_one() {
@@ -319,19 +362,22 @@ mod tests {
     #[test]
     fn leader_urls_must_be_https_with_a_host() {
         for bad in [
+            "",
             "not a url with spaces",
             "http://leader:6443",
             "leader:6443",
             "https://",
+            "https:// leader",
+            "ftp://x",
         ] {
+            let err = leader_config(bad, &Trust::Insecure, None).err();
             assert!(
-                matches!(
-                    leader_config(bad, &Trust::Insecure, None),
-                    Err(DiscoveryError::BadUrl { .. })
-                ),
-                "{bad}"
+                matches!(&err, Some(DiscoveryError::BadUrl { .. }))
+                    && err.as_ref().is_some_and(|e| e.to_string().contains(EXPECTED_URL)),
+                "{bad}: {err:?}"
             );
         }
+        assert!(leader_uri("https://leader.example.com/k8s/clusters/c-1").is_ok());
         assert!(leader_config("https://127.0.0.1:6443", &Trust::Insecure, None).is_ok());
     }
 }

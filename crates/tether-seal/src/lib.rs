@@ -73,6 +73,29 @@ pub fn generate_keypair() -> (String, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_public_key_text_is_checked_without_panicking(text in "\\PC*") {
+            if let Err(e) = parse_recipient(&text) {
+                prop_assert!(!e.to_string().is_empty());
+            }
+        }
+
+        #[test]
+        fn any_sealed_text_and_identity_are_refused_without_panicking(sealed in "\\PC*", identity in "\\PC{0,80}") {
+            prop_assert!(unseal(&sealed, &identity).is_err());
+        }
+    }
+
+    #[test]
+    fn generated_keys_parse() {
+        let (_, recipient) = generate_keypair();
+        assert!(parse_recipient(&recipient).is_ok());
+        let err = parse_recipient("age1nope").unwrap_err().to_string();
+        assert!(err.contains("public key") || err.contains("recipient"), "{err}");
+    }
 
     fn credential() -> MemberCredential {
         MemberCredential {
