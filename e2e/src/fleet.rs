@@ -4,12 +4,16 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Node, Secret};
-use kube::Client;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
+use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
 use serde_json::json;
-use tether_api::ClusterSet;
-use tether_testkit::{BootstrapToken, Controller, TestCluster, install_tether_crds, token_kubeconfig};
+use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster};
+use tether_testkit::{
+    BootstrapToken, Controller, TestCluster, eventually, install_tether_crds, token_kubeconfig,
+};
 
 use crate::sim::{HOME, SET, install_leader, leader_token};
 use crate::{apply_rbac_file, service_account_token};
@@ -158,6 +162,23 @@ impl MemberSide {
         self.agent = Some(agent);
     }
 
+    /// Starts one agent replica of several: leader election on, in the Lease `tether-agent`.
+    pub fn start_replica(&self, identity: &str, lease_seconds: u64) -> Controller {
+        Controller::start(
+            &self.cluster,
+            identity,
+            &self.kubeconfig,
+            &[
+                "agent",
+                "--leader-elect=true",
+                &format!("--lease-duration={lease_seconds}"),
+                "--lease-namespace=tether-system",
+                "--leave-timeout=20s",
+            ],
+        )
+        .expect("agent replica")
+    }
+
     /// Kills the agent process.
     pub fn kill_agent(&mut self) {
         if let Some(mut a) = self.agent.take() {
@@ -204,4 +225,67 @@ pub fn audit_events(
         .filter(|e| e["stage"] == "ResponseComplete")
         .filter(|e| keep(e))
         .collect()
+}
+
+/// The ManagedCluster `name` at the leader (in its member namespace).
+pub async fn managed(admin: &Client, name: &str) -> Result<ManagedCluster, String> {
+    Api::<ManagedCluster>::namespaced(admin.clone(), &crate::sim::ns_of(name))
+        .get(name)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Waits up to a minute for the ManagedCluster `name` to pass `check`.
+pub async fn wait_mc(
+    admin: &Client,
+    name: &str,
+    what: &str,
+    check: impl Fn(&ManagedCluster) -> bool,
+) -> ManagedCluster {
+    eventually(&format!("{name}: {what}"), Duration::from_secs(60), || async {
+        let mc = managed(admin, name).await?;
+        if check(&mc) {
+            Ok(mc)
+        } else {
+            Err(format!("{:?}", mc.status))
+        }
+    })
+    .await
+}
+
+/// The status of a ManagedCluster's Ready condition.
+pub fn ready(mc: &ManagedCluster) -> Option<String> {
+    mc.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == tether_api::conditions::ConditionType::Ready)
+        .map(|c| c.status.clone())
+}
+
+/// The node summary a ManagedCluster reports (e.g. `2/2`).
+pub fn nodes(mc: &ManagedCluster) -> Option<String> {
+    mc.status.as_ref()?.nodes.as_ref().map(|n| n.summary.clone())
+}
+
+/// How many registration requests the leader holds for cluster ID `id`.
+pub async fn requests_for(admin: &Client, id: &str) -> usize {
+    Api::<ClusterRegistrationRequest>::namespaced(admin.clone(), HOME)
+        .list(&ListParams::default())
+        .await
+        .expect("requests")
+        .items
+        .iter()
+        .filter(|r| r.spec.cluster_id == id)
+        .count()
+}
+
+/// The UID of the member's `kube-system` namespace (the default cluster ID).
+pub async fn kube_system_uid(m: &MemberSide) -> String {
+    Api::<Namespace>::all(m.admin.clone())
+        .get("kube-system")
+        .await
+        .expect("ns")
+        .uid()
+        .expect("uid")
 }

@@ -6,71 +6,16 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
-use kube::{Client, ResourceExt};
 use serde_json::json;
+use tether_api::ClusterRegistrationRequest;
 use tether_api::about::ClusterProperty;
-use tether_api::{ClusterRegistrationRequest, ManagedCluster};
-use tether_e2e::fleet::{self, MemberSide, add_node, audit_events};
+use tether_e2e::fleet::{
+    self, MemberSide, add_node, audit_events, kube_system_uid, managed, nodes, ready, requests_for, wait_mc,
+};
 use tether_e2e::sim::{HOME, SET};
 use tether_testkit::{BootstrapToken, CreateToken, eventually};
-
-async fn managed(admin: &Client, name: &str) -> Result<ManagedCluster, String> {
-    Api::<ManagedCluster>::namespaced(admin.clone(), &tether_e2e::sim::ns_of(name))
-        .get(name)
-        .await
-        .map_err(|e| e.to_string())
-}
-
-async fn wait_mc(
-    admin: &Client,
-    name: &str,
-    what: &str,
-    check: impl Fn(&ManagedCluster) -> bool,
-) -> ManagedCluster {
-    eventually(&format!("{name}: {what}"), Duration::from_secs(60), || async {
-        let mc = managed(admin, name).await?;
-        if check(&mc) {
-            Ok(mc)
-        } else {
-            Err(format!("{:?}", mc.status))
-        }
-    })
-    .await
-}
-
-fn ready(mc: &ManagedCluster) -> Option<String> {
-    mc.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == tether_api::conditions::ConditionType::Ready)
-        .map(|c| c.status.clone())
-}
-
-fn nodes(mc: &ManagedCluster) -> Option<String> {
-    mc.status.as_ref()?.nodes.as_ref().map(|n| n.summary.clone())
-}
-
-async fn requests_for(admin: &Client, id: &str) -> usize {
-    Api::<ClusterRegistrationRequest>::namespaced(admin.clone(), HOME)
-        .list(&ListParams::default())
-        .await
-        .expect("requests")
-        .items
-        .iter()
-        .filter(|r| r.spec.cluster_id == id)
-        .count()
-}
-
-async fn kube_system_uid(m: &MemberSide) -> String {
-    Api::<Namespace>::all(m.admin.clone())
-        .get("kube-system")
-        .await
-        .expect("ns")
-        .uid()
-        .expect("uid")
-}
 
 #[tokio::test]
 async fn agents_join_report_restart_recover_and_leave() {

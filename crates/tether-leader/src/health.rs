@@ -1,6 +1,10 @@
 //! Member health from heartbeats, kept in memory: when each member's announce was last seen
 //! renewed, and the verdict for that age. Pure apart from a mutex; no API calls, so a heartbeat
 //! costs the leader no write.
+//!
+//! The leader does not blame members for its own blindness: while its announce watch is failing
+//! (its API server down or restarting) heartbeats may arrive unseen, so no member is judged, and
+//! once the watch works again the blind time is not counted in any member's age.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -28,13 +32,66 @@ pub struct Observation {
     pub interval: Option<Duration>,
 }
 
+/// How long after the last watch error without another one the watch counts as working again
+/// (longer than the longest watch retry delay, so a watch still failing errors again first).
+pub const QUIET: Duration = Duration::from_secs(10);
+
+/// Whether the leader can see heartbeats.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sight {
+    /// Since when it cannot, if it cannot.
+    blind_since: Option<Instant>,
+    /// The last watch error.
+    last_error: Option<Instant>,
+}
+
 /// Last renewal of every member, keyed by `namespace/name` of its announce.
 #[derive(Default)]
 pub struct Tracker {
     seen: Mutex<HashMap<String, Seen>>,
+    sight: Mutex<Sight>,
 }
 
 impl Tracker {
+    /// The announce watch failed at `now`: heartbeats may go unseen until it works again.
+    pub fn lost_sight(&self, now: Instant) {
+        let mut sight = self.sight.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        sight.blind_since.get_or_insert(now);
+        sight.last_error = Some(now);
+    }
+
+    /// The announce watch delivered an event (or finished a list) at `now`: it works again.
+    pub fn saw_event(&self, now: Instant) {
+        let mut sight = self.sight.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(since) = sight.blind_since.take() {
+            self.shift(now.saturating_duration_since(since), now);
+        }
+    }
+
+    /// Whether heartbeats may currently go unseen. A watch that resumed without an event counts
+    /// as working again `QUIET` after its last error.
+    pub fn is_blind(&self, now: Instant) -> bool {
+        let mut sight = self.sight.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (Some(since), Some(last)) = (sight.blind_since, sight.last_error) else {
+            return false;
+        };
+        let regained = last + QUIET;
+        if now < regained {
+            return true;
+        }
+        sight.blind_since = None;
+        self.shift(regained.saturating_duration_since(since), now);
+        false
+    }
+
+    /// Adds `blind` to every member's last sighting (never past `now`).
+    fn shift(&self, blind: Duration, now: Instant) {
+        let mut seen = self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for s in seen.values_mut() {
+            s.at = (s.at + blind).min(now);
+        }
+    }
+
     /// Records the announce's `renewTime` as seen at `now` and returns the member's heartbeat age.
     ///
     /// NB: a renewal counts from when the leader *sees* it change, so clock skew between clusters
@@ -199,6 +256,51 @@ mod tests {
         // A renewTime in the future (member clock ahead) counts as fresh, not as negative age.
         let obs = t.observe("ns/b", Some(&micro(-30, wall)), now, wall);
         assert_eq!(obs.age, Duration::ZERO);
+    }
+
+    #[test]
+    fn time_the_leader_could_not_see_does_not_age_members() {
+        let t = Tracker::default();
+        let wall = Timestamp::now();
+        let start = Instant::now();
+        t.observe("ns/a", Some(&micro(0, wall)), start, wall);
+        // The watch fails 5 s later and keeps failing for a minute.
+        t.lost_sight(start + Duration::from_secs(5));
+        t.lost_sight(start + Duration::from_secs(60));
+        assert!(t.is_blind(start + Duration::from_secs(65)));
+        // An event at 65 s: the 60 s blind stretch is not the member's fault.
+        t.saw_event(start + Duration::from_secs(65));
+        assert!(!t.is_blind(start + Duration::from_secs(65)));
+        let obs = t.observe(
+            "ns/a",
+            Some(&micro(0, wall)),
+            start + Duration::from_secs(66),
+            wall,
+        );
+        assert_eq!(
+            obs.age,
+            Duration::from_secs(6),
+            "5 s before and 1 s after the blind stretch"
+        );
+    }
+
+    #[test]
+    fn a_watch_that_resumes_without_events_counts_as_seeing_after_the_quiet_time() {
+        let t = Tracker::default();
+        let wall = Timestamp::now();
+        let start = Instant::now();
+        t.observe("ns/a", Some(&micro(0, wall)), start, wall);
+        t.lost_sight(start + Duration::from_secs(10));
+        assert!(t.is_blind(start + Duration::from_secs(10) + QUIET - Duration::from_millis(1)));
+        let after = start + Duration::from_secs(10) + QUIET + Duration::from_secs(30);
+        assert!(!t.is_blind(after));
+        // Blind from 10 s until QUIET after the last error; aged for the rest.
+        let obs = t.observe("ns/a", Some(&micro(0, wall)), after, wall);
+        assert_eq!(obs.age, Duration::from_secs(40));
+        // Seeing again without having been blind changes nothing.
+        t.saw_event(after);
+        let obs = t.observe("ns/a", Some(&micro(0, wall)), after, wall);
+        assert_eq!(obs.age, Duration::from_secs(40));
     }
 
     #[test]

@@ -66,7 +66,7 @@ pub struct Context {
     /// Every registration request.
     pub requests: Store<ClusterRegistrationRequest>,
     /// When each member last renewed, as this replica saw it.
-    pub health: health::Tracker,
+    pub health: Arc<health::Tracker>,
     /// Publishes Events.
     pub recorder: Recorder,
     /// PEM CA bundle of the leader's API server.

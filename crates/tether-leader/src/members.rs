@@ -25,6 +25,9 @@ use crate::{Context, Error};
 /// How long a just-approved member may lack its announce in the cache before it counts as left.
 const ANNOUNCE_SETTLE: Duration = Duration::from_secs(2);
 
+/// How soon a member is looked at again while the leader cannot see heartbeats.
+const BLIND_RECHECK: Duration = Duration::from_secs(1);
+
 /// Reconciles one member's health.
 pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.wait_ready().await;
@@ -52,6 +55,11 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
         return Ok(Action::await_change());
     };
 
+    // NB: heartbeats may have gone unseen while the announce watch failed; judge nobody until
+    // it works again (at most `health::QUIET` after its last error).
+    if ctx.health.is_blind(Instant::now()) {
+        return Ok(Action::requeue(BLIND_RECHECK));
+    }
     let obs = ctx.health.observe(
         &key(mc.as_ref()),
         announce.spec.renew_time.as_ref(),

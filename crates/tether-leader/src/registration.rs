@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
@@ -132,6 +132,21 @@ fn namespace_for(ctx: &Context, set: &SetRef, name: &str) -> (String, Option<Arc
     }
 }
 
+/// Deletes the member's ServiceAccount: every token issued to it stops working at once (bound
+/// tokens carry the ServiceAccount's UID). The approval recreates it.
+async fn revoke_credentials(ctx: &Context, namespace: &str) -> Result<(), Error> {
+    let api = Api::<ServiceAccount>::namespaced(ctx.client.clone(), namespace);
+    match api.delete(AGENT_SERVICE_ACCOUNT, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(source) => Err(Error::Api {
+            op: "revoke member credential",
+            name: namespace.to_string(),
+            source,
+        }),
+    }
+}
+
 async fn approve(
     req: &ClusterRegistrationRequest,
     set: &ClusterSet,
@@ -141,19 +156,27 @@ async fn approve(
     let set_ref = SetRef::of(set);
     let name = req.spec.cluster_name.clone();
     let (namespace, existing) = namespace_for(ctx, &set_ref, &name);
-    // A dead member with this name but another ID or key is replaced: its namespace goes first,
-    // since the ManagedCluster's ID is immutable and its old credential must die.
+    // A dead member with this name but another ID is replaced: its namespace goes first, since
+    // the ManagedCluster's ID is immutable and its old credential must die. The same cluster with
+    // a new key (it lost its local state) keeps its namespace and everything in it; only its
+    // ServiceAccount is recreated, which revokes every token issued for the old key.
+    let mut rejoin = rejoin;
     if let Some(old) = existing {
         let key = old.annotations().get(tether_api::annotations::PUBLIC_KEY);
         if old.meta().deletion_timestamp.is_some() {
             return Ok(Action::requeue(REPLACE_RETRY));
         }
-        if old.spec.cluster_id != req.spec.cluster_id || key != Some(&req.spec.public_key) {
+        if old.spec.cluster_id != req.spec.cluster_id {
             info!(cluster = %name, old_id = %old.spec.cluster_id, new_id = %req.spec.cluster_id,
                   "Replacing an expired member with the same name");
-            // NB: no set: removing "its requests" would take this very request when the ID is the same.
             remove_member(ctx, None, &old, Removal::Expired).await?;
             return Ok(Action::requeue(REPLACE_RETRY));
+        }
+        if key != Some(&req.spec.public_key) {
+            info!(cluster = %name, cluster_id = %req.spec.cluster_id, %namespace,
+                  "The member registers again with a new key; revoking the old key's credential");
+            revoke_credentials(ctx, &namespace).await?;
+            rejoin = true;
         }
     }
     // The leader adopts no namespace it did not create for this very member.

@@ -2,7 +2,7 @@
 //! discovery publisher, and the readiness signal.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kube::runtime::controller::{self, Controller};
@@ -39,22 +39,37 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
             }
         },
         2,
+        None,
     );
     // Sets: primary of the set controller; their spec changes re-queue their requests.
-    let mut sets = streams::watch(Api::<ClusterSet>::all(client.clone()), all, slim, 2);
+    let mut sets = streams::watch(Api::<ClusterSet>::all(client.clone()), all, slim, 2, None);
     // ManagedClusters: primary of the member controller, trigger of the set controller.
     let mut clusters = streams::watch(
         Api::<ManagedCluster>::all(client.clone()),
         members_only.clone(),
         slim_cluster,
         2,
+        None,
     );
-    // Announces: the member controller's trigger (a heartbeat, or a leave when deleted).
+    // Announces: the member controller's trigger (a heartbeat, or a leave when deleted). Whether
+    // this watch works says whether the leader can see heartbeats at all.
+    let health = Arc::new(health::Tracker::default());
+    let sight: streams::Sight = {
+        let health = health.clone();
+        Box::new(move |working| {
+            if working {
+                health.saw_event(Instant::now());
+            } else {
+                health.lost_sight(Instant::now());
+            }
+        })
+    };
     let mut announces = streams::watch(
         Api::<MemberClusterAnnounce>::all(client.clone()),
         members_only,
         slim,
         1,
+        Some(sight),
     );
 
     let reporter = Reporter {
@@ -70,7 +85,7 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         clusters: clusters.store.clone(),
         announces: announces.store.clone(),
         requests: requests.store.clone(),
-        health: health::Tracker::default(),
+        health,
         recorder: Recorder::new(client.clone(), reporter),
         leader_ca: opts.leader_ca.clone(),
         metrics: opts.metrics.clone(),

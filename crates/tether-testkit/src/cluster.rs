@@ -121,6 +121,8 @@ pub struct TestCluster {
     kubeconfig: PathBuf,
     config: Config,
     startup: Duration,
+    /// How kube-apiserver was started, to start it again after `stop_api_server`.
+    api_command: (std::ffi::OsString, Vec<std::ffi::OsString>),
 }
 
 impl TestCluster {
@@ -255,6 +257,10 @@ impl TestCluster {
             ))
             .arg(format!("--audit-log-path={}", d.join("audit.log").display()));
         }
+        let api_command = (
+            api.get_program().to_os_string(),
+            api.get_args().map(|a| a.to_os_string()).collect(),
+        );
         procs.push(Proc::spawn("kube-apiserver", api, &d)?);
 
         let config = kube_config(&kubeconfig).await?;
@@ -268,6 +274,7 @@ impl TestCluster {
             kubeconfig,
             config,
             startup: Duration::ZERO,
+            api_command,
         };
         cluster.wait_ready().await?;
 
@@ -550,6 +557,52 @@ impl TestCluster {
     /// Stops kube-controller-manager, e.g. to observe what happens without it.
     pub fn stop_controller_manager(&mut self) {
         self.procs.retain(|p| p.name() != "kube-controller-manager");
+    }
+
+    /// Kills kube-apiserver (etcd keeps the data); `start_api_server` brings it back on the same
+    /// address. For fault tests: clients see refused connections meanwhile.
+    pub fn stop_api_server(&mut self) {
+        self.procs.retain(|p| p.name() != "kube-apiserver");
+    }
+
+    /// Starts kube-apiserver again with the flags it first ran with and waits until it is ready.
+    pub async fn start_api_server(&mut self) -> Result<(), Error> {
+        let d = self.dir().to_path_buf();
+        let (program, args) = &self.api_command;
+        let mut api = Command::new(program);
+        api.args(args);
+        let proc = Proc::spawn("kube-apiserver", api, &d)?;
+        // NB: right after etcd, so teardown still stops processes in reverse start order.
+        let at = self
+            .procs
+            .iter()
+            .position(|p| p.name() == "etcd")
+            .map_or(0, |i| i + 1);
+        self.procs.insert(at, proc);
+        self.wait_ready().await
+    }
+
+    /// Freezes etcd (SIGSTOP): the API server stays up but every read and write hangs until
+    /// `resume_etcd`.
+    pub fn pause_etcd(&self) -> Result<(), Error> {
+        self.signal_etcd(nix::sys::signal::Signal::SIGSTOP)
+    }
+
+    /// Lets a paused etcd run again (SIGCONT).
+    pub fn resume_etcd(&self) -> Result<(), Error> {
+        self.signal_etcd(nix::sys::signal::Signal::SIGCONT)
+    }
+
+    fn signal_etcd(&self, signal: nix::sys::signal::Signal) -> Result<(), Error> {
+        let pid = self.pid("etcd").ok_or_else(|| Error::NotReady {
+            name: self.name.clone(),
+            what: "etcd is not running".into(),
+        })?;
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX));
+        nix::sys::signal::kill(pid, signal).map_err(|e| Error::NotReady {
+            name: self.name.clone(),
+            what: format!("cannot send {signal} to etcd: {e}"),
+        })
     }
 
     /// The last lines of every process log, for a failure message.

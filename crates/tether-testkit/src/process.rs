@@ -30,13 +30,18 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Starts `cmd`, sending its stdout and stderr to `<dir>/<name>.log` and recording its pid.
+    /// Starts `cmd`, appending its stdout and stderr to `<dir>/<name>.log` and recording its pid.
     pub fn spawn(name: &str, mut cmd: Command, dir: &Path) -> Result<Self, Error> {
         let log = dir.join(format!("{name}.log"));
-        let out = File::create(&log).map_err(|source| Error::Io {
-            path: log.clone(),
-            source,
-        })?;
+        // NB: appending, so a restarted process keeps the log of the run before it.
+        let out = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|source| Error::Io {
+                path: log.clone(),
+                source,
+            })?;
         let err = out.try_clone().map_err(|source| Error::Io {
             path: log.clone(),
             source,
