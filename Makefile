@@ -3,7 +3,7 @@ SHELL := /usr/bin/env bash
 CARGO ?= cargo
 export CARGO_TERM_PROGRESS_WHEN ?= auto
 
-.PHONY: help demo demo-down tools image generate check-generated fmt lint build test bench bench-leader bench-agent clean-tools
+.PHONY: help demo demo-down tools image generate check-generated fmt lint build test bench bench-leader bench-agent soak bench-costs clean-tools
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -42,15 +42,20 @@ build: ## Build every crate
 test: tools check-generated lint image ## Everything CI checks: tools, generated files, lints, the image, unit, real-cluster and real-pod tests
 	@echo "== cargo build -p tether-controller -p tether-cli -p tether-sim (the e2e tests run the real binaries)"
 	$(CARGO) build --locked -p tether-controller -p tether-cli -p tether-sim
-	@echo "== cargo test (real control planes; tests/nodes.rs: real nodes running the image's pods)"
-	@mkdir -p target
-	@set -o pipefail; $(CARGO) test --locked --workspace --no-fail-fast 2>&1 | tee target/test-output.log; \
-	  rc=$$?; awk '/^test result:/ {p += $$4; f += $$6} END {printf "\ntests: %d passed, %d failed\n", p, f}' \
-	  target/test-output.log; exit $$rc
+	@echo "== cargo test (real control planes; tests/nodes.rs: real nodes running the image's pods; tests/renewal.rs beside the rest)"
+	CARGO="$(CARGO)" e2e/run-tests.sh
 
 bench: tools ## Benchmark: one leader against N simulated members (N="100 1000 5000 10000" by default; tens of minutes)
 	$(CARGO) build --locked --release -p tether-controller
 	TETHER_BIN_DIR=$(CURDIR)/target/release $(CARGO) run --locked --release -q -p tether-e2e --example scale_bench -- $(N)
+
+soak: tools ## Soak: a leader with N simulated members for DURATION under random faults (N=1000 DURATION=30m); prints the recovery table
+	$(CARGO) build --locked --release -p tether-controller
+	TETHER_BIN_DIR=$(CURDIR)/target/release $(CARGO) run --locked --release -q -p tether-e2e --example soak -- \
+	  --members $(or $(N),1000) --duration $(or $(DURATION),30m)
+
+bench-costs: tools ## Benchmark: API server cost of a Lease heartbeat vs the announce heartbeat vs a credential renewal
+	$(CARGO) run --locked --release -q -p tether-e2e --example write_costs -- 20
 
 bench-leader: tools ## Benchmark: request→Approved p50/p99 and leader writes per registration (N=200)
 	$(CARGO) run --locked --release -q -p tether-e2e --example approval_bench -- 200 10

@@ -45,6 +45,7 @@ async fn main() {
             interval,
             steady: Duration::from_secs(steady),
             limit_window: Duration::from_secs(15),
+            failover_window: Duration::from_secs(120),
         };
         let o = run(&settings).await;
         println!("{}", o.table());

@@ -6,6 +6,7 @@ pub mod fleet;
 pub mod pods;
 pub mod scale;
 pub mod sim;
+pub mod soak;
 
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::ApiResource;

@@ -43,6 +43,8 @@ pub struct Settings {
     pub steady: Duration,
     /// How long the API server's write limit is measured.
     pub limit_window: Duration,
+    /// How long the writes of a new leader are counted after a failover (the issue: 2 minutes).
+    pub failover_window: Duration,
 }
 
 /// Everything measured in one run.
@@ -90,6 +92,14 @@ pub struct Outcome {
     pub join_visible: Duration,
     /// A member's deregistration → ClusterSet status no longer counting it.
     pub leave_visible: Duration,
+    /// Leader killed → a new leader process answers ready (caches listed, acting).
+    pub failover_ready: Duration,
+    /// The new leader's peak RSS over the failover window (MiB).
+    pub failover_peak_rss: f64,
+    /// Writes per second by kind in the new leader's first `failover_window`.
+    pub failover_writes: BTreeMap<String, f64>,
+    /// The failover window.
+    pub failover_window: Duration,
 }
 
 impl Outcome {
@@ -233,6 +243,30 @@ impl Outcome {
             s(self.leave_visible),
             "set status is paced to once a second".into(),
         );
+        row(
+            "leader failover: killed → new leader ready",
+            s(self.failover_ready),
+            "a new process lists every kind and acts; no Lease wait (election off here)".into(),
+        );
+        row(
+            "leader failover: new leader peak RSS",
+            format!("{:.0} MiB", self.failover_peak_rss),
+            format!("over its first {}", s(self.failover_window)),
+        );
+        let failover_total: f64 = self.failover_writes.values().sum();
+        row(
+            "leader failover: writes/s in the new leader's first window",
+            format!("{failover_total:.2} /s"),
+            format!(
+                "steady {:.2} /s; by kind: {}",
+                self.total_writes(),
+                self.failover_writes
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        );
         t
     }
 }
@@ -300,6 +334,44 @@ pub async fn run(settings: &Settings) -> Outcome {
     let leave_visible = t0.elapsed();
     let leader_peak_rss = rss_mib(setup.leader.controller.pid(), "VmHWM");
 
+    eprintln!("== [{n}] leader failover: the leader process killed, a new one started");
+    let mut leader = setup.leader;
+    let kubeconfig = tether_testkit::token_kubeconfig(
+        &leader.cluster,
+        "tether-leader",
+        &crate::sim::leader_token(&leader.admin).await,
+    )
+    .expect("leader kubeconfig");
+    let before = request_counts(&leader.admin).await;
+    leader.controller.kill();
+    let killed = Instant::now();
+    leader.controller = tether_testkit::Controller::start(
+        &leader.cluster,
+        "tether-leader",
+        &kubeconfig,
+        &["leader", "--leader-elect=false"],
+    )
+    .expect("new leader process");
+    loop {
+        if let Ok((200, _)) = leader.controller.admin_get("/readyz").await {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(600),
+            "the new leader ready within 10 min"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let failover_ready = killed.elapsed();
+    tokio::time::sleep(settings.failover_window.saturating_sub(killed.elapsed())).await;
+    let failover_writes = classify(
+        &before,
+        &request_counts(&leader.admin).await,
+        killed.elapsed().as_secs_f64(),
+    );
+    let failover_peak_rss = rss_mib(leader.controller.pid(), "VmHWM");
+    let setup = Setup { leader, ..setup };
+
     joined.cancel.cancel();
     for t in joined.tasks {
         let _ = t.await;
@@ -327,6 +399,10 @@ pub async fn run(settings: &Settings) -> Outcome {
         detection,
         join_visible,
         leave_visible,
+        failover_ready,
+        failover_peak_rss,
+        failover_writes,
+        failover_window: settings.failover_window,
     }
 }
 
@@ -591,6 +667,132 @@ pub async fn write_limit(admin: &Client, window: Duration) -> f64 {
     rate
 }
 
+/// What one kind of write costs the API server, measured with 32 writers for a window.
+pub struct WriteCost {
+    /// What was written.
+    pub what: &'static str,
+    /// Sustained writes per second.
+    pub rate: f64,
+    /// kube-apiserver CPU per write, in milliseconds.
+    pub api_cpu_ms: f64,
+    /// etcd CPU per write, in milliseconds.
+    pub etcd_cpu_ms: f64,
+}
+
+/// The write kinds `write_costs` compares.
+#[derive(Clone, Copy, Debug)]
+enum Write {
+    /// A Lease `spec.renewTime` merge patch (what a Lease-based heartbeat would send).
+    Lease,
+    /// The agent's own heartbeat: a MemberClusterAnnounce `spec.renewTime` merge patch.
+    Announce,
+    /// A TokenRequest for a ServiceAccount (what a credential renewal sends).
+    TokenRequest,
+}
+
+/// Measures, on `cluster` (Tether CRDs installed), the rate and API server/etcd CPU per write of
+/// a Lease heartbeat, the agent's announce heartbeat and a credential renewal, each with 32
+/// writers for `window`.
+pub async fn write_costs(cluster: &TestCluster, window: Duration) -> Vec<WriteCost> {
+    const WRITERS: usize = 32;
+    let admin = cluster.client().expect("admin");
+    let ns = "bench-costs";
+    crate::create_namespace(&admin, ns).await.expect("namespace");
+    let procs: Vec<(&'static str, u32)> = [("kube-apiserver", "kube-apiserver"), ("etcd", "etcd")]
+        .into_iter()
+        .filter_map(|(label, p)| cluster.pid(p).map(|pid| (label, pid)))
+        .collect();
+    let leases = Api::<Lease>::namespaced(admin.clone(), ns);
+    let announces = Api::<tether_api::MemberClusterAnnounce>::namespaced(admin.clone(), ns);
+    let accounts = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(admin.clone(), ns);
+    for i in 0..WRITERS {
+        let name = format!("w-{i}");
+        let lease: Lease = serde_json::from_value(json!({"metadata": {"name": name},
+            "spec": {"holderIdentity": name, "leaseDurationSeconds": 40}}))
+        .expect("lease");
+        leases
+            .create(&PostParams::default(), &lease)
+            .await
+            .expect("lease");
+        let announce: tether_api::MemberClusterAnnounce = serde_json::from_value(json!({
+            "apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "MemberClusterAnnounce",
+            "metadata": {"name": name, "labels": {"multicluster.tether.dev/clusterset": "prod",
+                "multicluster.tether.dev/cluster-id": format!("0000-{i}"), "app.kubernetes.io/managed-by": "tether-leader"}},
+            "spec": {"clusterID": format!("0000-{i}"), "heartbeatIntervalSeconds": 10}}))
+        .expect("announce");
+        announces
+            .create(&PostParams::default(), &announce)
+            .await
+            .expect("announce");
+        let sa: k8s_openapi::api::core::v1::ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": name}})).expect("sa");
+        accounts.create(&PostParams::default(), &sa).await.expect("sa");
+    }
+    let mut out = Vec::new();
+    for kind in [Write::Lease, Write::Announce, Write::TokenRequest] {
+        let cpu = Cpu::sample(&procs);
+        let deadline = Instant::now() + window;
+        let started = Instant::now();
+        let counts = futures::future::join_all((0..WRITERS).map(|i| {
+            let (leases, announces, accounts) = (leases.clone(), announces.clone(), accounts.clone());
+            async move {
+                let name = format!("w-{i}");
+                let mut done = 0u64;
+                while Instant::now() < deadline {
+                    let now = k8s_openapi::jiff::Timestamp::now();
+                    let ok = match kind {
+                        Write::Lease => {
+                            let renew = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now);
+                            let body = json!({"spec": {"renewTime": renew}});
+                            leases
+                                .patch(&name, &PatchParams::default(), &Patch::Merge(body))
+                                .await
+                                .map(|_| ())
+                        }
+                        Write::Announce => tether_agent::loops::beat(&announces, &name, now)
+                            .await
+                            .map(|_| ()),
+                        Write::TokenRequest => {
+                            let req = k8s_openapi::api::authentication::v1::TokenRequest {
+                                spec: k8s_openapi::api::authentication::v1::TokenRequestSpec {
+                                    expiration_seconds: Some(600),
+                                    ..Default::default()
+                                },
+                                ..Default::default()
+                            };
+                            accounts
+                                .create_token_request(&name, &PostParams::default(), &req)
+                                .await
+                                .map(|_| ())
+                        }
+                    };
+                    if let Err(e) = ok {
+                        panic!("{kind:?} write failed: {e}");
+                    }
+                    done += 1;
+                }
+                done
+            }
+        }))
+        .await;
+        let writes = counts.iter().sum::<u64>() as f64;
+        let secs = started.elapsed().as_secs_f64();
+        let shares = cpu.shares(&procs);
+        let per_write = |p: &str| shares.get(p).copied().unwrap_or(0.0) * secs * 1000.0 / writes.max(1.0);
+        out.push(WriteCost {
+            what: match kind {
+                Write::Lease => "Lease renewTime patch",
+                Write::Announce => "MemberClusterAnnounce renewTime patch (the heartbeat)",
+                Write::TokenRequest => "TokenRequest (a credential renewal)",
+            },
+            rate: writes / secs,
+            api_cpu_ms: per_write("kube-apiserver"),
+            etcd_cpu_ms: per_write("etcd"),
+        });
+    }
+    out
+}
+
 type Approvals = Arc<Mutex<HashMap<String, (Instant, Option<Instant>)>>>;
 
 /// Records, by cluster name, when each request is first seen and when it is first seen Approved.
@@ -613,7 +815,7 @@ fn watch_approvals(admin: &Client) -> Approvals {
     out
 }
 
-async fn set_counts(admin: &Client) -> Option<(usize, usize)> {
+pub(crate) async fn set_counts(admin: &Client) -> Option<(usize, usize)> {
     let set = Api::<ClusterSet>::namespaced(admin.clone(), HOME)
         .get(SET)
         .await
@@ -728,7 +930,7 @@ fn cpu_ticks(pid: u32) -> u64 {
 }
 
 /// A memory figure (`VmRSS`, `VmHWM`) of `pid` in MiB.
-fn rss_mib(pid: u32, field: &str) -> f64 {
+pub(crate) fn rss_mib(pid: u32, field: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
@@ -740,7 +942,7 @@ fn rss_mib(pid: u32, field: &str) -> f64 {
 }
 
 /// `apiserver_request_total` of write verbs, by `resource[/subresource]`.
-async fn request_counts(admin: &Client) -> BTreeMap<String, f64> {
+pub(crate) async fn request_counts(admin: &Client) -> BTreeMap<String, f64> {
     let req = http::Request::get("/metrics").body(vec![]).expect("request");
     let text = admin.request_text(req).await.expect("API server /metrics");
     parse_request_counts(&text)
@@ -777,7 +979,7 @@ pub fn parse_request_counts(text: &str) -> BTreeMap<String, f64> {
 }
 
 /// Writes per second between two counts, by benchmark kind.
-fn classify(
+pub(crate) fn classify(
     before: &BTreeMap<String, f64>,
     after: &BTreeMap<String, f64>,
     secs: f64,

@@ -24,6 +24,7 @@ async fn scale_benchmark_smoke_run() {
         interval: Some(2),
         steady: Duration::from_secs(20),
         limit_window: Duration::from_secs(5),
+        failover_window: Duration::from_secs(10),
     })
     .await;
     let table = o.table();

@@ -1,0 +1,582 @@
+//! The soak (`make soak`): one real control plane, the leader as its own process, N members
+//! simulated by `tether-sim`, for a set time, with faults injected at random, bounded
+//! intervals: the leader process killed (and started again, as its Deployment would), the
+//! leader's API server restarted, its etcd paused, a share of members stopped and started
+//! again, members leaving and new ones joining. After each fault it measures how long until
+//! the ClusterSet counts every expected member Ready again. At the end it prints members lost,
+//! duplicate registrations, heartbeats failed, recovery p50/p99 per fault, writes per
+//! heartbeat and the leader's memory, against the targets.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::Client;
+use kube::api::{Api, ListParams};
+use rand::Rng;
+use rand::seq::SliceRandom;
+use serde_json::json;
+use tether_api::{ClusterRegistrationRequest, ManagedCluster, MemberClusterAnnounce};
+use tether_sim::{Fleet, Join, Member, join_all, quantile};
+use tether_testkit::{Controller, TestCluster, token_kubeconfig};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::fleet::{LeaderSide, leader_on};
+use crate::scale::{classify, request_counts, rss_mib, set_counts};
+use crate::sim::{HOME, join_token, leader_token};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Simulated members.
+    pub members: usize,
+    /// How long to inject faults.
+    pub duration: Duration,
+    /// The heartbeat interval; the grace period is four of them.
+    pub interval: Duration,
+    /// Faults come at random times between these two gaps.
+    pub gap: (Duration, Duration),
+    /// How long etcd stays paused.
+    pub etcd_pause: Duration,
+}
+
+/// The faults, in the order the table lists them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Fault {
+    /// SIGKILL of the leader process, started again at once.
+    LeaderKilled,
+    /// The leader's kube-apiserver killed and started again.
+    ApiServerRestarted,
+    /// The leader's etcd stopped (SIGSTOP) for `etcd_pause`.
+    EtcdPaused,
+    /// 5 % of the members stop heartbeating for two intervals, then go on.
+    MembersRestarted,
+    /// 2 % of the members leave and as many new ones join.
+    Churn,
+}
+
+const FAULTS: [Fault; 5] = [
+    Fault::LeaderKilled,
+    Fault::ApiServerRestarted,
+    Fault::EtcdPaused,
+    Fault::MembersRestarted,
+    Fault::Churn,
+];
+
+/// Leader processes that lived less than this (from their first full recovery) are reported but
+/// not judged on memory growth: a few minutes show warm-up, not a leak.
+const RSS_JUDGED_AFTER: Duration = Duration::from_secs(300);
+
+/// A member heartbeating in its own task.
+struct Running {
+    cancel: CancellationToken,
+    task: JoinHandle<Member>,
+}
+
+fn run_member(member: Member) -> Running {
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(member.heartbeat_until(cancel.clone()));
+    Running { cancel, task }
+}
+
+async fn stop_member(r: Running) -> Member {
+    r.cancel.cancel();
+    r.task.await.expect("member task")
+}
+
+/// What the soak saw.
+pub struct Outcome {
+    settings: Settings,
+    recoveries: BTreeMap<Fault, Vec<Duration>>,
+    unready: BTreeMap<Fault, usize>,
+    timeouts: Vec<(Fault, String)>,
+    lost: Vec<String>,
+    duplicates: Vec<String>,
+    heartbeats: u64,
+    heartbeat_failures: u64,
+    writes: f64,
+    writes_by_kind: BTreeMap<String, f64>,
+    rss: Vec<(f64, f64, Duration)>,
+    leader_restarts: usize,
+    denials: usize,
+}
+
+impl Outcome {
+    /// Whether every target was met.
+    pub fn passed(&self) -> bool {
+        let bound = self.recovery_bound();
+        self.lost.is_empty()
+            && self.duplicates.is_empty()
+            && self.timeouts.is_empty()
+            && self.recoveries.values().flatten().all(|d| *d <= bound)
+            && self.worst_rss_growth() < 0.10
+    }
+
+    fn recovery_bound(&self) -> Duration {
+        self.settings.interval * 5
+    }
+
+    /// The largest RSS growth of one leader process that lived long enough to judge, as a share
+    /// of its start.
+    fn worst_rss_growth(&self) -> f64 {
+        self.rss
+            .iter()
+            .filter(|(start, _, life)| *start > 0.0 && *life >= RSS_JUDGED_AFTER)
+            .map(|(start, end, _)| (end - start) / start)
+            .fold(0.0, f64::max)
+    }
+
+    /// The report as Markdown.
+    pub fn table(&self) -> String {
+        let s = &self.settings;
+        let mut out = String::new();
+        let grace = s.interval * 4;
+        let _ = writeln!(
+            out,
+            "## Soak: {} members, {:?}, heartbeat {:?}, grace {grace:?}, faults every {:?}–{:?}\n",
+            s.members, s.duration, s.interval, s.gap.0, s.gap.1
+        );
+        let _ = writeln!(
+            out,
+            "| fault | times | recovery p50 | recovery p99 | max | most members seen not Ready |"
+        );
+        let _ = writeln!(out, "| --- | --- | --- | --- | --- | --- |");
+        let mut all = Vec::new();
+        for (fault, times) in &self.recoveries {
+            let mut t = times.clone();
+            t.sort();
+            all.extend(t.iter().copied());
+            let _ = writeln!(
+                out,
+                "| {fault:?} | {} | {:.1} s | {:.1} s | {:.1} s | {} |",
+                t.len(),
+                quantile(&t, 0.5).as_secs_f64(),
+                quantile(&t, 0.99).as_secs_f64(),
+                t.last().copied().unwrap_or_default().as_secs_f64(),
+                self.unready.get(fault).copied().unwrap_or_default()
+            );
+        }
+        all.sort();
+        let _ = writeln!(
+            out,
+            "| all | {} | {:.1} s | {:.1} s | {:.1} s | |\n",
+            all.len(),
+            quantile(&all, 0.5).as_secs_f64(),
+            quantile(&all, 0.99).as_secs_f64(),
+            all.last().copied().unwrap_or_default().as_secs_f64()
+        );
+        let mark = |ok: bool| if ok { "ok" } else { "MISSED" };
+        let bound = self.recovery_bound();
+        let worst = all.last().copied().unwrap_or_default();
+        let _ = writeln!(out, "| figure | value | target |");
+        let _ = writeln!(out, "| --- | --- | --- |");
+        let _ = writeln!(
+            out,
+            "| members lost | {} {:?} | 0 ({}) |",
+            self.lost.len(),
+            self.lost.iter().take(5).collect::<Vec<_>>(),
+            mark(self.lost.is_empty())
+        );
+        let _ = writeln!(
+            out,
+            "| duplicate registrations | {} {:?} | 0 ({}) |",
+            self.duplicates.len(),
+            self.duplicates.iter().take(5).collect::<Vec<_>>(),
+            mark(self.duplicates.is_empty())
+        );
+        let _ = writeln!(
+            out,
+            "| recovery, worst | {:.1} s{} | ≤ grace + one heartbeat = {:.0} s ({}) |",
+            worst.as_secs_f64(),
+            if self.timeouts.is_empty() {
+                String::new()
+            } else {
+                format!(", {} never recovered: {:?}", self.timeouts.len(), self.timeouts)
+            },
+            bound.as_secs_f64(),
+            mark(worst <= bound && self.timeouts.is_empty())
+        );
+        let _ = writeln!(
+            out,
+            "| heartbeats failed | {} of {} ({:.2} %; while the API server was down or etcd paused) | — |",
+            self.heartbeat_failures,
+            self.heartbeats + self.heartbeat_failures,
+            100.0 * self.heartbeat_failures as f64
+                / (self.heartbeats + self.heartbeat_failures).max(1) as f64
+        );
+        let by_kind: Vec<String> = self
+            .writes_by_kind
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.0}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "| writes per heartbeat | {:.2} ({}) | — |",
+            self.writes / self.heartbeats.max(1) as f64,
+            by_kind.join(", ")
+        );
+        for (i, (start, end, life)) in self.rss.iter().enumerate() {
+            let judged = if *life < RSS_JUDGED_AFTER {
+                format!("not judged: lived < {} s", RSS_JUDGED_AFTER.as_secs())
+            } else {
+                mark(*start <= 0.0 || (end - start) / start < 0.10).to_string()
+            };
+            let _ = writeln!(
+                out,
+                "| leader process {} RSS start → end | {start:.1} → {end:.1} MiB over {:.0} s ({:+.1} %) | < +10 % ({judged}) |",
+                i + 1,
+                life.as_secs_f64(),
+                100.0 * (end - start) / start.max(f64::MIN_POSITIVE),
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\nLeader process restarts: {}. RBAC refusals in the last leader process's log: {} \
+             (a restarted API server refuses until its RBAC caches fill; the leader retries).",
+            self.leader_restarts, self.denials
+        );
+        out
+    }
+}
+
+/// The leader and how it was started, so that it can be started again.
+struct Leader {
+    side: LeaderSide,
+    kubeconfig: std::path::PathBuf,
+    started: Instant,
+    start_rss: Option<f64>,
+}
+
+impl Leader {
+    fn restart(&mut self) -> (f64, f64, Duration) {
+        let end = rss_mib(self.side.controller.pid(), "VmRSS");
+        let life = (self.start_rss.unwrap_or(0.0), end, self.started.elapsed());
+        self.side.controller.kill();
+        self.side.controller = Controller::start(
+            &self.side.cluster,
+            "tether-leader",
+            &self.kubeconfig,
+            &["leader", "--leader-elect=false"],
+        )
+        .expect("leader process");
+        self.started = Instant::now();
+        self.start_rss = None;
+        life
+    }
+}
+
+/// Runs the soak.
+pub async fn run(settings: &Settings) -> Outcome {
+    let n = settings.members;
+    let interval = settings.interval;
+    let grace = interval * 4;
+    let cluster = TestCluster::builder("soak").start().await.expect("control plane");
+    let spec = json!({"heartbeatInterval": format!("{}s", interval.as_secs()),
+                      "gracePeriod": format!("{}s", grace.as_secs())});
+    let side = leader_on(cluster, Some(spec)).await;
+    let kubeconfig = token_kubeconfig(&side.cluster, "tether-leader", &leader_token(&side.admin).await)
+        .expect("leader kubeconfig");
+    let mut leader = Leader {
+        side,
+        kubeconfig,
+        started: Instant::now(),
+        start_rss: None,
+    };
+    let admin = leader.side.admin.clone();
+    let token = join_token(&admin).await;
+    let join = Join {
+        leader_url: leader.side.cluster.url().to_string(),
+        ca_cert_hash: leader.side.cluster.ca_cert_hash().to_string(),
+        token: token.token(),
+        namespace: HOME.into(),
+        registration_timeout: Duration::from_secs(600),
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let fleet = loop {
+        match Fleet::connect(join.clone()).await {
+            Ok(f) => break f,
+            Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
+            Err(e) => panic!("connect to the leader: {e}"),
+        }
+    };
+
+    eprintln!("== soak: {n} members join");
+    let mut running: HashMap<String, Running> = HashMap::new();
+    let mut next_name = 0usize;
+    let names: Vec<String> = (0..n).map(|i| format!("soak-{i:05}")).collect();
+    next_name += n;
+    join_all(&fleet, names, 200, |member, _| {
+        running.insert(member.name.clone(), run_member(member));
+    })
+    .await
+    .expect("every member joins");
+    wait_all_ready(&admin, running.len(), Duration::from_secs(600))
+        .await
+        .expect("every member Ready");
+    tokio::time::sleep(interval).await;
+    leader.start_rss = Some(rss_mib(leader.side.controller.pid(), "VmRSS"));
+
+    let mut writes = BTreeMap::new();
+    let mut since = request_counts(&admin).await;
+    let mut window = Instant::now();
+    let beats_before = fleet.stats.heartbeats();
+    let failures_before = fleet.stats.failures();
+    let mut recoveries: BTreeMap<Fault, Vec<Duration>> = BTreeMap::new();
+    let mut unready: BTreeMap<Fault, usize> = BTreeMap::new();
+    let mut timeouts = Vec::new();
+    let mut rss = Vec::new();
+    let mut leader_restarts = 0;
+    let started = Instant::now();
+    let mut order: Vec<Fault> = Vec::new();
+    let mut rng = rand::rng();
+    eprintln!("== soak: injecting faults for {:?}", settings.duration);
+    while started.elapsed() < settings.duration {
+        let gap = rng.random_range(settings.gap.0..=settings.gap.1);
+        tokio::time::sleep(gap).await;
+        if order.is_empty() {
+            order = FAULTS.to_vec();
+            order.shuffle(&mut rng);
+        }
+        let fault = order.pop().expect("a fault");
+        let at = Instant::now();
+        match fault {
+            Fault::LeaderKilled => {
+                rss.push(leader.restart());
+                leader_restarts += 1;
+            }
+            Fault::ApiServerRestarted => {
+                add_writes(&mut writes, &since, &request_counts(&admin).await, window);
+                leader.side.cluster.stop_api_server();
+                leader
+                    .side
+                    .cluster
+                    .start_api_server()
+                    .await
+                    .expect("API server back");
+                since = BTreeMap::new();
+                window = Instant::now();
+            }
+            Fault::EtcdPaused => {
+                leader.side.cluster.pause_etcd().expect("pause etcd");
+                tokio::time::sleep(settings.etcd_pause).await;
+                leader.side.cluster.resume_etcd().expect("resume etcd");
+            }
+            Fault::MembersRestarted => {
+                let mut names: Vec<String> = running.keys().cloned().collect();
+                names.shuffle(&mut rng);
+                let stopped: Vec<Member> = futures::future::join_all(
+                    names
+                        .iter()
+                        .take((running.len() / 20).max(1))
+                        .filter_map(|name| running.remove(name))
+                        .map(stop_member),
+                )
+                .await;
+                tokio::time::sleep(interval * 2).await;
+                for m in stopped {
+                    running.insert(m.name.clone(), run_member(m));
+                }
+            }
+            Fault::Churn => {
+                let k = (running.len() / 50).max(1);
+                let mut names: Vec<String> = running.keys().cloned().collect();
+                names.shuffle(&mut rng);
+                for name in names.into_iter().take(k) {
+                    if let Some(r) = running.remove(&name) {
+                        let m = stop_member(r).await;
+                        m.leave().await.expect("leave");
+                    }
+                }
+                let new: Vec<String> = (next_name..next_name + k)
+                    .map(|i| format!("soak-{i:05}"))
+                    .collect();
+                next_name += k;
+                join_all(&fleet, new, k, |member, _| {
+                    running.insert(member.name.clone(), run_member(member));
+                })
+                .await
+                .expect("new members join");
+            }
+        }
+        let ended = Instant::now();
+        let expected = running.keys().cloned().collect();
+        match wait_recovered(&admin, &leader.side.controller, &expected, ended, grace * 3).await {
+            Ok((took, not_ready)) => {
+                eprintln!(
+                    "   [{:>5.0}s] {fault:?} (lasted {:.1?}): every member heartbeated and Ready {took:.1?} after it ended; \
+                     at most {not_ready} seen not Ready",
+                    started.elapsed().as_secs_f64(),
+                    ended - at
+                );
+                recoveries.entry(fault).or_default().push(took);
+                // NB: a new leader's memory counts from its first full recovery (caches filled).
+                if leader.start_rss.is_none() {
+                    leader.start_rss = Some(rss_mib(leader.side.controller.pid(), "VmRSS"));
+                    leader.started = Instant::now();
+                }
+                let worst = unready.entry(fault).or_default();
+                *worst = (*worst).max(not_ready);
+            }
+            Err(last) => {
+                eprintln!(
+                    "   {fault:?}: members not all Ready within {:?}: {last}",
+                    grace * 3
+                );
+                timeouts.push((fault, last));
+            }
+        }
+    }
+    // Let the last fault settle for one interval before the closing figures.
+    tokio::time::sleep(interval).await;
+    add_writes(&mut writes, &since, &request_counts(&admin).await, window);
+    let end_rss = rss_mib(leader.side.controller.pid(), "VmRSS");
+    rss.push((leader.start_rss.unwrap_or(0.0), end_rss, leader.started.elapsed()));
+    let heartbeats = fleet.stats.heartbeats() - beats_before;
+    let heartbeat_failures = fleet.stats.failures() - failures_before;
+
+    let expected: Vec<String> = running.keys().cloned().collect();
+    let (lost, duplicates) = check_members(&admin, &expected).await;
+    for (_, r) in running.drain() {
+        stop_member(r).await;
+    }
+    // NB: a just-restarted API server may refuse requests (403) until its RBAC caches fill;
+    // counted, not failed on: the leader retries them.
+    let denials = leader.side.controller.log().matches("is forbidden").count();
+    let writes_total = writes.values().sum();
+    Outcome {
+        settings: settings.clone(),
+        recoveries,
+        unready,
+        timeouts,
+        lost,
+        duplicates,
+        heartbeats,
+        heartbeat_failures,
+        writes: writes_total,
+        writes_by_kind: writes,
+        rss,
+        leader_restarts,
+        denials,
+    }
+}
+
+/// Adds the writes between two samples of one API server's counters, by kind.
+fn add_writes(
+    total: &mut BTreeMap<String, f64>,
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    window: Instant,
+) {
+    let secs = window.elapsed().as_secs_f64();
+    for (kind, per_second) in classify(before, after, secs) {
+        *total.entry(kind).or_default() += per_second * secs;
+    }
+}
+
+/// Waits until the ClusterSet counts exactly `n` members, all Ready.
+async fn wait_all_ready(admin: &Client, n: usize, timeout: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let now = set_counts(admin).await;
+        if now == Some((n, n)) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "ClusterSet counts (total, ready) {now:?}, want ({n}, {n})"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Waits until the leader has demonstrably recovered from a fault that ended at `since`: it
+/// answers ready, every member in `expected` has heartbeated since and is `Ready=True`, and the
+/// ClusterSet counts exactly them. Returns the time that took and the most members seen not
+/// Ready meanwhile.
+async fn wait_recovered(
+    admin: &Client,
+    leader: &Controller,
+    expected: &std::collections::HashSet<String>,
+    since: Instant,
+    timeout: Duration,
+) -> Result<(Duration, usize), String> {
+    let wall_since = Timestamp::now() - SignedDuration::try_from(since.elapsed()).unwrap_or_default();
+    let n = expected.len();
+    let mut worst = 0;
+    loop {
+        let ready_leader = matches!(leader.admin_get("/readyz").await, Ok((200, _)));
+        let clusters = Api::<ManagedCluster>::all(admin.clone())
+            .list(&ListParams::default())
+            .await;
+        let announces = Api::<MemberClusterAnnounce>::all(admin.clone())
+            .list(&ListParams::default())
+            .await;
+        let (mut ready, mut beat) = (0, 0);
+        if let (Ok(clusters), Ok(announces)) = (&clusters, &announces) {
+            ready = clusters
+                .items
+                .iter()
+                .filter(|mc| expected.contains(&mc.spec.cluster_id))
+                .filter(|mc| {
+                    mc.status
+                        .iter()
+                        .flat_map(|s| &s.conditions)
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
+                })
+                .count();
+            beat = announces
+                .items
+                .iter()
+                .filter(|a| expected.contains(&a.spec.cluster_id))
+                .filter(|a| a.spec.renew_time.as_ref().is_some_and(|t| t.0 > wall_since))
+                .count();
+            worst = worst.max(n - ready.min(n));
+        }
+        let counts = set_counts(admin).await;
+        if ready_leader && ready == n && beat == n && counts == Some((n, n)) {
+            return Ok((since.elapsed(), worst));
+        }
+        if since.elapsed() > timeout {
+            return Err(format!(
+                "leader ready: {ready_leader}, Ready {ready}/{n}, heartbeated since {beat}/{n}, set counts {counts:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Members expected but missing at the leader, and cluster IDs with more than one request.
+async fn check_members(admin: &Client, expected: &[String]) -> (Vec<String>, Vec<String>) {
+    let clusters = Api::<ManagedCluster>::all(admin.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("list members");
+    let present: std::collections::HashSet<String> = clusters
+        .items
+        .iter()
+        .map(|mc| mc.spec.cluster_id.clone())
+        .collect();
+    let mut lost: Vec<String> = expected
+        .iter()
+        .filter(|n| !present.contains(*n))
+        .cloned()
+        .collect();
+    lost.sort();
+    let requests = Api::<ClusterRegistrationRequest>::namespaced(admin.clone(), HOME)
+        .list(&ListParams::default())
+        .await
+        .expect("list requests");
+    let mut per_id: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &requests.items {
+        *per_id.entry(r.spec.cluster_id.clone()).or_default() += 1;
+    }
+    let duplicates = per_id
+        .into_iter()
+        .filter(|(_, count)| *count > 1)
+        .map(|(id, count)| format!("{id}×{count}"))
+        .collect();
+    (lost, duplicates)
+}
