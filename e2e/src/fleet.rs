@@ -186,6 +186,32 @@ impl MemberSide {
         }
     }
 
+    /// Waits until the member says its join token expired and what to do about it
+    /// (`Registered=False`, `JoinTokenExpired`, naming `tether token create`).
+    pub async fn wait_join_token_expired(&self) {
+        eventually(
+            "Registered=False/JoinTokenExpired with what to do",
+            Duration::from_secs(60),
+            || async {
+                let s = self.set().await.and_then(|s| s.status).ok_or("no status")?;
+                let c = tether_api::conditions::find(
+                    &s.conditions,
+                    tether_api::conditions::ConditionType::Registered,
+                )
+                .ok_or("no condition")?;
+                if c.status == "False"
+                    && c.reason == "JoinTokenExpired"
+                    && c.message.contains("tether token create")
+                {
+                    Ok(())
+                } else {
+                    Err(format!("{c:?}"))
+                }
+            },
+        )
+        .await;
+    }
+
     /// The member's Member ClusterSet.
     pub async fn set(&self) -> Option<ClusterSet> {
         Api::<ClusterSet>::namespaced(self.admin.clone(), HOME)

@@ -824,7 +824,7 @@ pub(crate) async fn set_counts(admin: &Client) -> Option<(usize, usize)> {
     Some((m.total as usize, m.ready as usize))
 }
 
-async fn wait_for_counts(admin: &Client, total: usize, ready: usize, timeout: Duration) {
+pub(crate) async fn wait_for_counts(admin: &Client, total: usize, ready: usize, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     loop {
         let now = set_counts(admin).await;

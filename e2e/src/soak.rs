@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::fleet::{LeaderSide, leader_on};
-use crate::scale::{classify, request_counts, rss_mib, set_counts};
+use crate::scale::{classify, request_counts, rss_mib, set_counts, wait_for_counts};
 use crate::sim::{HOME, join_token, leader_token};
 
 /// What to run.
@@ -312,9 +312,7 @@ pub async fn run(settings: &Settings) -> Outcome {
     })
     .await
     .expect("every member joins");
-    wait_all_ready(&admin, running.len(), Duration::from_secs(600))
-        .await
-        .expect("every member Ready");
+    wait_for_counts(&admin, running.len(), running.len(), Duration::from_secs(600)).await;
     tokio::time::sleep(interval).await;
     leader.start_rss = Some(rss_mib(leader.side.controller.pid(), "VmRSS"));
 
@@ -472,23 +470,6 @@ fn add_writes(
     let secs = window.elapsed().as_secs_f64();
     for (kind, per_second) in classify(before, after, secs) {
         *total.entry(kind).or_default() += per_second * secs;
-    }
-}
-
-/// Waits until the ClusterSet counts exactly `n` members, all Ready.
-async fn wait_all_ready(admin: &Client, n: usize, timeout: Duration) -> Result<(), String> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let now = set_counts(admin).await;
-        if now == Some((n, n)) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "ClusterSet counts (total, ready) {now:?}, want ({n}, {n})"
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 

@@ -383,27 +383,7 @@ async fn an_expired_join_token_is_reported_with_what_to_do() {
         .await
         .expect("token");
     let m = fleet::member("late", &leader, &token, json!({})).await;
-    eventually(
-        "Registered=False with what to do",
-        Duration::from_secs(60),
-        || async {
-            let s = m.set().await.and_then(|s| s.status).ok_or("no status")?;
-            let c = s
-                .conditions
-                .iter()
-                .find(|c| c.type_ == "Registered")
-                .ok_or("no condition")?;
-            if c.status == "False"
-                && c.reason == "JoinTokenExpired"
-                && c.message.contains("tether token create")
-            {
-                Ok(())
-            } else {
-                Err(format!("{c:?}"))
-            }
-        },
-    )
-    .await;
+    m.wait_join_token_expired().await;
     let requests = Api::<ClusterRegistrationRequest>::namespaced(leader.admin.clone(), HOME)
         .list(&ListParams::default())
         .await

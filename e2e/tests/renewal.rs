@@ -16,7 +16,6 @@ use kube::api::{Api, ListParams};
 use serde_json::json;
 use tether_agent::state::{CREDENTIAL_SECRET, secret_text};
 use tether_api::MemberClusterAnnounce;
-use tether_api::conditions::{ConditionType, find};
 use tether_e2e::fleet::{self, MemberSide, kube_system_uid, managed, ready, requests_for, wait_mc};
 use tether_e2e::sim::{HOME, SET, ns_of};
 use tether_testkit::{BootstrapToken, Controller, CreateToken, eventually};
@@ -204,23 +203,7 @@ async fn credentials_renew_before_expiry_and_agents_offline_past_it_come_back() 
     );
 
     // Late: its token expired while it was away; it says so and what to do.
-    eventually(
-        "late says its join token expired",
-        Duration::from_secs(60),
-        || async {
-            let s = late.set().await.and_then(|s| s.status).ok_or("no status")?;
-            let c = find(&s.conditions, ConditionType::Registered).ok_or("no condition")?;
-            if c.status == "False"
-                && c.reason == "JoinTokenExpired"
-                && c.message.contains("tether token create")
-            {
-                Ok(())
-            } else {
-                Err(format!("{c:?}"))
-            }
-        },
-    )
-    .await;
+    late.wait_join_token_expired().await;
     let events = Api::<Event>::namespaced(late.admin.clone(), HOME)
         .list(&ListParams::default())
         .await

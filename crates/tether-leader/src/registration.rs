@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
@@ -25,7 +25,7 @@ use crate::clusterset::set_in;
 use crate::naming::{AGENT_SERVICE_ACCOUNT, member_namespace};
 use crate::policy::{Decision, Member, decide};
 use crate::provision::{is_members_namespace, member_objects};
-use crate::write::{apply, apply_status, event};
+use crate::write::{apply, apply_status, delete, event};
 use crate::{Context, Error};
 
 /// How long to wait for a replaced member's namespace to go before provisioning again.
@@ -132,21 +132,6 @@ fn namespace_for(ctx: &Context, set: &SetRef, name: &str) -> (String, Option<Arc
     }
 }
 
-/// Deletes the member's ServiceAccount: every token issued to it stops working at once (bound
-/// tokens carry the ServiceAccount's UID). The approval recreates it.
-async fn revoke_credentials(ctx: &Context, namespace: &str) -> Result<(), Error> {
-    let api = Api::<ServiceAccount>::namespaced(ctx.client.clone(), namespace);
-    match api.delete(AGENT_SERVICE_ACCOUNT, &DeleteParams::default()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(source) => Err(Error::Api {
-            op: "revoke member credential",
-            name: namespace.to_string(),
-            source,
-        }),
-    }
-}
-
 async fn approve(
     req: &ClusterRegistrationRequest,
     set: &ClusterSet,
@@ -175,7 +160,10 @@ async fn approve(
         if key != Some(&req.spec.public_key) {
             info!(cluster = %name, cluster_id = %req.spec.cluster_id, %namespace,
                   "The member registers again with a new key; revoking the old key's credential");
-            revoke_credentials(ctx, &namespace).await?;
+            // NB: bound tokens carry the ServiceAccount's UID: deleting it revokes them all;
+            // the approval below recreates it.
+            let accounts = Api::<ServiceAccount>::namespaced(ctx.client.clone(), &namespace);
+            delete(ctx, &accounts, AGENT_SERVICE_ACCOUNT).await?;
             rejoin = true;
         }
     }
