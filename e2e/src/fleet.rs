@@ -46,6 +46,49 @@ pub async fn leader_with(name: &str, leader_spec: Option<serde_json::Value>) -> 
 
 /// As `leader_with`, on a cluster the caller started.
 pub async fn leader_on(cluster: TestCluster, leader_spec: Option<serde_json::Value>) -> LeaderSide {
+    leader_process(cluster, leader_spec, &["leader", "--leader-elect=false"], false).await
+}
+
+/// A leader serving member access: `config/proxy/leader-proxy.yaml` applied, and the first
+/// replica (`leader-a`, Lease election on, lease `lease_seconds`) listening on `proxy_addr`.
+pub async fn leader_with_proxy(
+    cluster: TestCluster,
+    leader_spec: serde_json::Value,
+    proxy_addr: std::net::SocketAddr,
+    lease_seconds: u64,
+) -> LeaderSide {
+    let args = proxy_args(proxy_addr, lease_seconds);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    leader_process(cluster, Some(leader_spec), &args, true).await
+}
+
+/// The flags of a leader replica serving member access on `proxy_addr`.
+pub fn proxy_args(proxy_addr: std::net::SocketAddr, lease_seconds: u64) -> Vec<String> {
+    vec![
+        "leader".into(),
+        "--leader-elect=true".into(),
+        format!("--lease-duration={lease_seconds}"),
+        format!("--proxy-addr={proxy_addr}"),
+        format!("--proxy-advertise-address={}", proxy_addr.ip()),
+    ]
+}
+
+impl LeaderSide {
+    /// Starts another leader replica as the leader's ServiceAccount with `args`.
+    pub async fn start_replica(&self, identity: &str, args: &[String]) -> Controller {
+        let token = leader_token(&self.admin).await;
+        let kubeconfig = token_kubeconfig(&self.cluster, identity, &token).expect("kubeconfig");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Controller::start(&self.cluster, identity, &kubeconfig, &args).expect("leader replica")
+    }
+}
+
+async fn leader_process(
+    cluster: TestCluster,
+    leader_spec: Option<serde_json::Value>,
+    args: &[&str],
+    proxy: bool,
+) -> LeaderSide {
     crate::init_logs();
     let admin = match leader_spec {
         Some(spec) => install_leader(&cluster, spec).await,
@@ -56,15 +99,15 @@ pub async fn leader_on(cluster: TestCluster, leader_spec: Option<serde_json::Val
             admin
         }
     };
+    if proxy {
+        crate::apply_config_file(&admin, "proxy/leader-proxy.yaml")
+            .await
+            .expect("member access objects");
+    }
     let token = leader_token(&admin).await;
-    let kubeconfig = token_kubeconfig(&cluster, "tether-leader", &token).expect("kubeconfig");
-    let controller = Controller::start(
-        &cluster,
-        "tether-leader",
-        &kubeconfig,
-        &["leader", "--leader-elect=false"],
-    )
-    .expect("leader process");
+    let name = if proxy { "leader-a" } else { "tether-leader" };
+    let kubeconfig = token_kubeconfig(&cluster, name, &token).expect("kubeconfig");
+    let controller = Controller::start(&cluster, name, &kubeconfig, args).expect("leader process");
     LeaderSide {
         cluster,
         admin,
@@ -82,6 +125,8 @@ pub struct MemberSide {
     pub agent: Option<Controller>,
     /// The agent's kubeconfig (its own ServiceAccount).
     kubeconfig: std::path::PathBuf,
+    /// Extra agent flags, kept across restarts.
+    agent_args: Vec<String>,
 }
 
 /// Starts a member cluster with Tether's CRDs and the agent RBAC, and writes the join token Secret
@@ -92,7 +137,19 @@ pub async fn member(
     token: &BootstrapToken,
     member_spec: serde_json::Value,
 ) -> MemberSide {
+    member_with_args(name, leader, token, member_spec, &[]).await
+}
+
+/// As `member`, with extra agent flags (e.g. the impersonation allow-list).
+pub async fn member_with_args(
+    name: &str,
+    leader: &LeaderSide,
+    token: &BootstrapToken,
+    member_spec: serde_json::Value,
+    agent_args: &[&str],
+) -> MemberSide {
     let mut m = bare_member(name).await;
+    m.agent_args = agent_args.iter().map(|a| a.to_string()).collect();
     let admin = m.admin.clone();
     let secret = Secret {
         metadata: ObjectMeta {
@@ -141,24 +198,22 @@ pub async fn bare_member(name: &str) -> MemberSide {
         admin,
         agent: None,
         kubeconfig,
+        agent_args: Vec::new(),
     }
 }
 
 impl MemberSide {
     /// Starts the agent process.
     pub fn start_agent(&mut self) {
-        let agent = Controller::start(
-            &self.cluster,
-            "tether-agent",
-            &self.kubeconfig,
-            &[
-                "agent",
-                "--leader-elect=false",
-                "--lease-namespace=tether-system",
-                "--leave-timeout=20s",
-            ],
-        )
-        .expect("agent process");
+        let mut args = vec![
+            "agent",
+            "--leader-elect=false",
+            "--lease-namespace=tether-system",
+            "--leave-timeout=20s",
+        ];
+        args.extend(self.agent_args.iter().map(String::as_str));
+        let agent =
+            Controller::start(&self.cluster, "tether-agent", &self.kubeconfig, &args).expect("agent process");
         self.agent = Some(agent);
     }
 

@@ -61,14 +61,25 @@ pub fn message(err: &kube::Error) -> String {
 /// Applies a multi-document RBAC file from `config/rbac/` (ServiceAccounts, ClusterRoles,
 /// ClusterRoleBindings, Roles, RoleBindings), creating namespaces it names.
 pub async fn apply_rbac_file(client: &Client, file: &str) -> Result<(), kube::Error> {
+    apply_config_file(client, file).await
+}
+
+/// Applies a multi-document file from `config/` (`rbac/leader.yaml`, `proxy/leader-proxy.yaml`;
+/// a bare name is under `rbac/`): RBAC objects, ServiceAccounts, Services and APIServices.
+pub async fn apply_config_file(client: &Client, file: &str) -> Result<(), kube::Error> {
     use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
     use kube::api::{Patch, PatchParams};
     use serde::Deserialize;
 
+    let file = if file.contains('/') {
+        file.to_string()
+    } else {
+        format!("rbac/{file}")
+    };
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../config/rbac")
-        .join(file);
+        .join("../config")
+        .join(&file);
     let text = std::fs::read_to_string(&path).map_err(|e| kube::Error::Service(Box::new(e)))?;
     let pp = PatchParams::apply("tether-e2e").force();
     for doc in serde_norway::Deserializer::from_str(&text) {
@@ -109,6 +120,22 @@ pub async fn apply_rbac_file(client: &Client, file: &str) -> Result<(), kube::Er
                     .patch(&name, &pp, &patch)
                     .await?,
             ),
+            Some("Service") => drop(
+                Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), &ns)
+                    .patch(&name, &pp, &patch)
+                    .await?,
+            ),
+            Some("APIService") => {
+                let ar = kube::api::ApiResource::from_gvk_with_plural(
+                    &kube::core::GroupVersionKind::gvk("apiregistration.k8s.io", "v1", "APIService"),
+                    "apiservices",
+                );
+                drop(
+                    Api::<kube::api::DynamicObject>::all_with(client.clone(), &ar)
+                        .patch(&name, &pp, &patch)
+                        .await?,
+                )
+            }
             other => panic!("{file}: unexpected kind {other:?}"),
         }
     }

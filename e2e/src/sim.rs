@@ -96,6 +96,7 @@ impl Leader {
             ready,
             metrics: metrics.clone(),
             leader_url: cluster.url().to_string(),
+            proxy: None,
         };
         tokio::spawn(tether_leader::run(as_leader, opts, stop.clone()));
         Self {

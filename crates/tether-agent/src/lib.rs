@@ -12,6 +12,7 @@ pub mod register;
 pub mod report;
 pub mod session;
 pub mod state;
+pub mod tunnel;
 pub mod view;
 
 use std::collections::HashMap;
@@ -59,6 +60,9 @@ pub struct Options {
     pub registration_timeout: Duration,
     /// How long leaving tries to deregister at an unreachable leader before giving up.
     pub leave_timeout: Duration,
+    /// How the tunnel reaches this member's API server; None: no tunnel (members stay
+    /// unreachable through the leader).
+    pub access: Option<tunnel::MemberAccess>,
 }
 
 struct Running {
@@ -82,6 +86,8 @@ pub struct Context {
     /// See `Options::registration_timeout`.
     pub registration_timeout: Duration,
     leave_timeout: Duration,
+    /// See `Options::access`.
+    pub access: Option<tunnel::MemberAccess>,
     recorder: Recorder,
     leader: watch::Receiver<bool>,
     sessions: Mutex<HashMap<String, Running>>,
@@ -385,6 +391,7 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         api_server_url: opts.api_server_url,
         registration_timeout: opts.registration_timeout,
         leave_timeout: opts.leave_timeout,
+        access: opts.access,
         recorder: Recorder::new(client, reporter),
         leader: opts.leader.clone(),
         sessions: Mutex::default(),

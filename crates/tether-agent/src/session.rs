@@ -184,10 +184,26 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
     };
     let (client_tx, client_rx) = watch::channel(leader_client(spec, &leader_trust, &stored)?);
     let name = spec.cluster_name.clone();
+    let tunnel = async {
+        match ctx.access.clone() {
+            Some(access) => {
+                crate::tunnel::run(
+                    client_rx.clone(),
+                    access,
+                    sh.set.name_any(),
+                    namespace.clone(),
+                    name.clone(),
+                )
+                .await
+            }
+            None => std::future::pending().await,
+        }
+    };
     tokio::try_join!(
         heartbeat(sh, client_rx.clone(), &namespace, &name),
-        report(sh, client_rx, &namespace, &name),
+        report(sh, client_rx.clone(), &namespace, &name),
         renew(sh, spec, &leader_trust, stored.clone(), client_tx),
+        tunnel,
     )?;
     Ok(())
 }

@@ -89,6 +89,9 @@ api_words! {
         CAVerified,
         /// ManagedCluster: the member's own API server answers `/livez` and `/readyz`.
         ApiServerHealthy,
+        /// ManagedCluster: the agent's tunnel is attached to the active leader replica, so the
+        /// member is reachable through the leader's proxy API.
+        TunnelConnected,
     }
 }
 
@@ -141,6 +144,12 @@ api_words! {
         LivezReadyzOK,
         /// ManagedCluster ApiServerHealthy=False.
         HealthCheckFailed,
+        /// ManagedCluster TunnelConnected=True.
+        TunnelAttached,
+        /// ManagedCluster TunnelConnected=False: the tunnel closed (the agent reconnects).
+        TunnelClosed,
+        /// ManagedCluster TunnelConnected=False: no tunnel reached the active leader replica.
+        NoTunnel,
     }
 }
 

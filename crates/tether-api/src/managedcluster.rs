@@ -33,6 +33,7 @@ pub const MAX_RESOURCES: u32 = 64;
     printcolumn(name = "Platform", type_ = "string", json_path = ".status.platform", priority = 1),
     printcolumn(name = "Agent Version", type_ = "string", json_path = ".status.agentVersion", priority = 1),
     printcolumn(name = "Last Heartbeat", type_ = "date", json_path = ".status.lastHeartbeatTime", priority = 1),
+    printcolumn(name = "Tunnel", type_ = "string", json_path = ".status.conditions[?(@.type==\"TunnelConnected\")].reason", priority = 1),
     validation = Rule::new(
         "self.metadata.name.size() <= 63 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')"
     ).message("metadata.name is the cluster name and must be a DNS-1123 label of at most 63 characters")

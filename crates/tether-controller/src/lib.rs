@@ -47,6 +47,18 @@ pub struct AgentArgs {
     /// How long leaving tries to deregister at an unreachable leader before giving up.
     #[arg(long, env = "TETHER_LEAVE_TIMEOUT", default_value = "60s", value_parser = tether_api::duration::parse)]
     pub leave_timeout: std::time::Duration,
+    /// Keep a tunnel to the leader so admins reach this member through it (member access).
+    #[arg(long, env = "TETHER_TUNNEL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub tunnel: bool,
+    /// Leader users that proxied requests may act as here, impersonated as
+    /// `tether:<set>:<user>` (comma-separated; the agent's RBAC must name the same). Empty: only
+    /// callers who bring a member credential (pass-through) get in.
+    #[arg(long, env = "TETHER_IMPERSONATE_USERS", value_delimiter = ',')]
+    pub impersonate_users: Vec<String>,
+    /// Leader groups carried along, as `tether:<set>:<group>` (comma-separated; `system:` groups
+    /// are never carried).
+    #[arg(long, env = "TETHER_IMPERSONATE_GROUPS", value_delimiter = ',')]
+    pub impersonate_groups: Vec<String>,
 }
 
 /// Flags of the leader controller.
@@ -63,6 +75,24 @@ pub struct LeaderArgs {
     /// that does not exist yet. Default: the URL the controller itself uses.
     #[arg(long, env = "TETHER_LEADER_URL")]
     pub leader_url: Option<String>,
+    /// Serve member access (the proxy.multicluster.tether.dev aggregated API) on this address
+    /// while leading, e.g. 0.0.0.0:8443. Unset: member access is off.
+    #[arg(long, env = "TETHER_PROXY_ADDR")]
+    pub proxy_addr: Option<std::net::SocketAddr>,
+    /// The address the leader's API server reaches this replica at (the pod IP), written into
+    /// the proxy Service's EndpointSlice while this replica leads.
+    #[arg(long, env = "POD_IP")]
+    pub proxy_advertise_address: Option<std::net::IpAddr>,
+    /// The selector-less Service that the APIService points at.
+    #[arg(long, env = "TETHER_PROXY_SERVICE", default_value = "tether-leader-proxy")]
+    pub proxy_service: String,
+    /// The Secret holding the proxy's serving certificate (created when absent).
+    #[arg(
+        long,
+        env = "TETHER_PROXY_SECRET",
+        default_value = "tether-leader-proxy-serving"
+    )]
+    pub proxy_secret: String,
 }
 
 /// Parses flags and runs; the exit code says whether it stopped cleanly.
@@ -125,6 +155,19 @@ async fn run_leader(args: LeaderArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| config.cluster_url.to_string());
     let client = kube::Client::try_from(config).context("cannot build a Kubernetes client")?;
+    let proxy = match (args.proxy_addr, args.proxy_advertise_address) {
+        (None, _) => None,
+        (Some(_), None) => anyhow::bail!(
+            "--proxy-addr needs --proxy-advertise-address (POD_IP): the address the API server reaches this replica at"
+        ),
+        (Some(addr), Some(advertise)) => Some(tether_leader::proxy::ProxyOptions {
+            addr,
+            advertise,
+            namespace: process.lease_namespace.clone(),
+            service: args.proxy_service.clone(),
+            secret: args.proxy_secret.clone(),
+        }),
+    };
     let metrics = tether_leader::Metrics::default();
     let (m1, m2) = (metrics.clone(), metrics.clone());
     let p = Plumbing::start(
@@ -142,6 +185,7 @@ async fn run_leader(args: LeaderArgs) -> anyhow::Result<()> {
         ready: p.ready.clone(),
         metrics,
         leader_url,
+        proxy,
     };
     tether_leader::run(client, opts, p.shutdown.clone()).await;
     p.stopped().await;
@@ -155,7 +199,31 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         .await
         .context("cannot find Kubernetes credentials: run in a pod or set KUBECONFIG")?;
     let api_server_url = config.cluster_url.to_string();
+    let mut bare = config.clone();
+    bare.auth_info = kube::config::AuthInfo::default();
     let client = kube::Client::try_from(config).context("cannot build a Kubernetes client")?;
+    let access = if args.tunnel {
+        Some(tether_agent::tunnel::MemberAccess {
+            agent: client.clone(),
+            bare: kube::Client::try_from(bare).context("cannot build a Kubernetes client")?,
+            allow: tether_tunnel::identity::AllowList {
+                users: args
+                    .impersonate_users
+                    .iter()
+                    .filter(|u| !u.is_empty())
+                    .cloned()
+                    .collect(),
+                groups: args
+                    .impersonate_groups
+                    .iter()
+                    .filter(|g| !g.is_empty())
+                    .cloned()
+                    .collect(),
+            },
+        })
+    } else {
+        None
+    };
     let metrics = tether_agent::Metrics::default();
     let (m1, m2) = (metrics.clone(), metrics.clone());
     let p = Plumbing::start(
@@ -175,6 +243,7 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         api_server_url,
         registration_timeout: args.registration_timeout,
         leave_timeout: args.leave_timeout,
+        access,
     };
     tether_agent::run(client, opts, p.shutdown.clone()).await;
     p.stopped().await;

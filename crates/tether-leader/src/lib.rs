@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod naming;
 pub mod policy;
 pub mod provision;
+pub mod proxy;
 pub mod registration;
 mod run;
 pub mod status;
@@ -51,6 +52,8 @@ pub struct Options {
     pub metrics: Metrics,
     /// This API server's URL as members reach it, published with the CA in `kube-public/cluster-info`.
     pub leader_url: String,
+    /// Member access (the aggregated proxy API), if served.
+    pub proxy: Option<proxy::ProxyOptions>,
 }
 
 /// Shared state of the leader's reconcilers.
@@ -251,7 +254,10 @@ fn slim_cluster(mc: &mut ManagedCluster) {
     if let Some(status) = mc.status.as_mut() {
         let conditions = std::mem::take(&mut status.conditions)
             .into_iter()
-            .filter(|c| c.type_ == tether_api::conditions::ConditionType::Ready)
+            .filter(|c| {
+                c.type_ == tether_api::conditions::ConditionType::Ready
+                    || c.type_ == tether_api::conditions::ConditionType::TunnelConnected
+            })
             .collect();
         *status = tether_api::ManagedClusterStatus {
             conditions,

@@ -49,6 +49,8 @@ pub struct Metrics {
     removals: Family<ReasonLabel, Counter>,
     heartbeat_age: Histogram,
     leader: Gauge,
+    tunnels: Gauge,
+    proxied: Family<ResultLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -63,6 +65,18 @@ impl Default for Metrics {
         let removals = Family::<ReasonLabel, Counter>::default();
         let heartbeat_age = Histogram::new([1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0, 120.0, 300.0]);
         let leader = Gauge::default();
+        let tunnels = Gauge::default();
+        let proxied = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "tunnels",
+            "Member tunnels attached to this replica",
+            tunnels.clone(),
+        );
+        registry.register(
+            "proxy_requests",
+            "Requests to the member proxy API, by result",
+            proxied.clone(),
+        );
         registry.register(
             "registrations",
             "Registration requests decided, by result/reason",
@@ -99,6 +113,8 @@ impl Default for Metrics {
             removals,
             heartbeat_age,
             leader,
+            tunnels,
+            proxied,
         }
     }
 }
@@ -166,6 +182,16 @@ impl Metrics {
     /// Records whether this replica leads.
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(leader.into());
+    }
+
+    /// Records how many member tunnels are attached.
+    pub fn set_tunnels(&self, n: usize) {
+        self.tunnels.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a request to the member proxy API by result (`ok`, `no_tunnel`, ...).
+    pub fn proxied(&self, result: &'static str) {
+        self.proxied.get_or_create(&ResultLabel { result }).inc();
     }
 
     /// The metrics in Prometheus text format.

@@ -100,6 +100,13 @@ pub fn member_objects(
                 Some(AGENT_SERVICE_ACCOUNT),
                 "",
             ),
+            // Member access: the agent attaches the tunnel of its own member only.
+            rule(
+                &[&format!("{}/{}", tether_tunnel::RESOURCE, tether_tunnel::ATTACH)],
+                &["get"],
+                Some(name),
+                tether_tunnel::GROUP,
+            ),
         ]),
     };
     let role_binding = RoleBinding {

@@ -161,6 +161,14 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         opts.leader_url.clone(),
         opts.leader.clone(),
     ));
+    let proxy = opts.proxy.clone().map(|p| {
+        let ctx = ctx.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            ctx.wait_ready().await;
+            crate::proxy::run(ctx, p, shutdown).await;
+        })
+    });
     let ready = {
         let ctx = ctx.clone();
         async move {
@@ -172,6 +180,9 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
     };
     futures::join!(registration, members, sets_ctl, ready);
     publish.abort();
+    if let Some(p) = proxy {
+        let _ = p.await;
+    }
     for driver in [requests.driver, sets.driver, clusters.driver, announces.driver] {
         driver.abort();
     }

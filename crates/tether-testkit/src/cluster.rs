@@ -35,9 +35,17 @@ pub struct ClusterBuilder {
     bootstrap_tokens: bool,
     root: Option<PathBuf>,
     nodes: usize,
+    request_timeout: Option<Duration>,
 }
 
 impl ClusterBuilder {
+    /// The API server's `--request-timeout` (default: its own, 60 s), e.g. to prove that
+    /// long-running requests outlive it.
+    pub fn request_timeout(mut self, t: Duration) -> Self {
+        self.request_timeout = Some(t);
+        self
+    }
+
     /// Starts `n` real nodes (containerd, kubelet, kube-proxy) and kube-scheduler, and waits
     /// until every node is Ready (default: none). The process must be in its lab
     /// (`lab::enter()`); the API server then listens on the lab bridge, and `url()` is that
@@ -136,6 +144,7 @@ impl TestCluster {
             bootstrap_tokens: true,
             root: None,
             nodes: 0,
+            request_timeout: None,
         }
     }
 
@@ -222,6 +231,35 @@ impl TestCluster {
             ))
             .arg("--service-cluster-ip-range=10.0.0.0/24")
             .args(["--allow-privileged=true", "--profiling=false", "--v=1"]);
+        // The aggregation layer, as kubeadm sets it up: a front-proxy CA of its own, and routing
+        // to an APIService's endpoints (no kube-proxy runs beside these API servers).
+        let front = Pki::generate(&format!("{}-front-proxy", opts.name))?;
+        let (fp_cert, fp_key) = front.client_cert(FRONT_PROXY_CLIENT, None)?;
+        write(&d.join("front-proxy-ca.crt"), &front.ca_cert)?;
+        write(&d.join("front-proxy-client.crt"), &fp_cert)?;
+        write(&d.join("front-proxy-client.key"), &fp_key)?;
+        api.arg(format!(
+            "--requestheader-client-ca-file={}",
+            d.join("front-proxy-ca.crt").display()
+        ))
+        .arg(format!("--requestheader-allowed-names={FRONT_PROXY_CLIENT}"))
+        .args([
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            "--enable-aggregator-routing=true",
+        ])
+        .arg(format!(
+            "--proxy-client-cert-file={}",
+            d.join("front-proxy-client.crt").display()
+        ))
+        .arg(format!(
+            "--proxy-client-key-file={}",
+            d.join("front-proxy-client.key").display()
+        ));
+        if let Some(t) = opts.request_timeout {
+            api.arg(format!("--request-timeout={}s", t.as_secs().max(1)));
+        }
         if opts.nodes > 0 {
             // Pods reach the API server as the `kubernetes` Service, whose endpoint is the
             // advertised lab address; kubectl logs/exec reach kubelets with a client certificate.
@@ -534,6 +572,21 @@ impl TestCluster {
         Client::try_from(config).map_err(Error::Client)
     }
 
+    /// A client authenticated as user `name` (in `group`, if any) by a client certificate.
+    pub async fn user_client(&self, name: &str, group: Option<&str>) -> Result<Client, Error> {
+        Client::try_from(self.user_config(name, group).await?).map_err(Error::Client)
+    }
+
+    /// Client configuration of user `name` (in `group`, if any), by a client certificate.
+    pub async fn user_config(&self, name: &str, group: Option<&str>) -> Result<Config, Error> {
+        let (cert, key) = self.pki.client_cert(name, group)?;
+        let text = client_kubeconfig(&self.name, &self.url, &self.pki.ca_cert, &(cert, key));
+        let kubeconfig = Kubeconfig::from_yaml(&text).map_err(|e| Error::Kubeconfig(e.to_string()))?;
+        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| Error::Kubeconfig(e.to_string()))
+    }
+
     /// A client with no credentials at all (`system:anonymous`).
     pub fn anonymous_client(&self) -> Result<Client, Error> {
         let mut config = self.config();
@@ -648,6 +701,9 @@ impl Drop for TestCluster {
         }
     }
 }
+
+/// The common name of the API server's front-proxy client certificate.
+pub const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
 
 const AUDIT_POLICY: &str =
     "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n";

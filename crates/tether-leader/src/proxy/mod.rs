@@ -1,0 +1,359 @@
+//! Member access through the leader: an aggregated API server (`proxy.multicluster.tether.dev`)
+//! that only the replica holding the Lease serves. On gaining leadership it reads the API
+//! server's front-proxy trust, makes sure the shared serving certificate exists and that the
+//! APIService trusts it, listens, and points the proxy Service's EndpointSlice at itself; on
+//! losing it, it stops listening and closes every tunnel so agents reconnect to the new leader.
+
+pub mod frontproxy;
+pub mod server;
+pub mod serving;
+pub mod tunnels;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use kube::{Client, ResourceExt};
+use tether_api::conditions::{ConditionType, Reason, Status, condition, find};
+use tether_api::{ManagedCluster, ManagedClusterStatus};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::Context;
+use frontproxy::{AUTH_CONFIGMAP, AUTH_NAMESPACE, FrontProxy};
+use tunnels::{Change, Tunnels};
+
+/// The field manager of what the proxy writes (its own: the Ready condition is another's).
+pub const FIELD_MANAGER: &str = "tether-leader-proxy";
+/// How long a new leader waits for agents to reconnect before it marks a member's tunnel lost.
+const RECONNECT_GRACE: Duration = Duration::from_secs(45);
+
+/// Where and how the proxy serves.
+#[derive(Clone, Debug)]
+pub struct ProxyOptions {
+    /// The address to listen on.
+    pub addr: SocketAddr,
+    /// The address the API server reaches this replica at (its pod IP), for the EndpointSlice.
+    pub advertise: IpAddr,
+    /// The leader's namespace (proxy Service, EndpointSlice, serving Secret).
+    pub namespace: String,
+    /// The selector-less Service the APIService points at.
+    pub service: String,
+    /// The Secret holding the shared serving certificate.
+    pub secret: String,
+}
+
+/// Why one serving term could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// A call to the API server failed.
+    #[error("{op}: {source}")]
+    Api {
+        /// What was attempted.
+        op: &'static str,
+        /// The cause.
+        source: kube::Error,
+    },
+    /// The front-proxy trust is unusable.
+    #[error(transparent)]
+    FrontProxy(#[from] frontproxy::FrontProxyError),
+    /// The serving certificate could not be made or used.
+    #[error("serving certificate: {0}")]
+    Tls(String),
+    /// The listen address is taken or not ours.
+    #[error("cannot listen on proxy address {addr}: {source} (choose another with --proxy-addr)")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+fn api(op: &'static str) -> impl FnOnce(kube::Error) -> ProxyError {
+    move |source| ProxyError::Api { op, source }
+}
+
+/// Serves member access while this replica leads, until `shutdown`.
+pub async fn run(ctx: Arc<Context>, opts: ProxyOptions, shutdown: CancellationToken) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let tunnels = Arc::new(Tunnels::new(tx));
+    tokio::spawn(conditions(ctx.clone(), tunnels.clone(), rx));
+    let mut leader = ctx.leader.clone();
+    loop {
+        tokio::select! {
+            r = leader.wait_for(|l| *l) => if r.is_err() { return },
+            _ = shutdown.cancelled() => return,
+        }
+        let stop = shutdown.child_token();
+        let term = serve(&ctx, &opts, tunnels.clone(), stop.clone());
+        let lost = async {
+            let _ = leader.wait_for(|l| !*l).await;
+        };
+        tokio::select! {
+            r = term => if let Err(err) = r {
+                error!(error = &err as &dyn std::error::Error, "Member access is not served; retrying in 10 s");
+                ctx.metrics.reconcile_error("proxy_serve");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(10)) => {}
+                    _ = shutdown.cancelled() => {}
+                }
+            },
+            _ = lost => info!("Lost the lease; member access stops here"),
+            _ = shutdown.cancelled() => {}
+        }
+        stop.cancel();
+        tunnels.close_all();
+        ctx.metrics.set_tunnels(0);
+    }
+}
+
+/// One term of serving: set up, then accept until `stop`.
+async fn serve(
+    ctx: &Arc<Context>,
+    opts: &ProxyOptions,
+    tunnels: Arc<Tunnels>,
+    stop: CancellationToken,
+) -> Result<(), ProxyError> {
+    let client = &ctx.client;
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), AUTH_NAMESPACE)
+        .get(AUTH_CONFIGMAP)
+        .await
+        .map_err(api("read kube-system/extension-apiserver-authentication"))?;
+    let front = FrontProxy::from_configmap(&cm)?;
+    let serving = ensure_serving(client, opts).await?;
+    let apiservices = Api::<DynamicObject>::all_with(client.clone(), &apiservice_resource());
+    apiservices
+        .patch(
+            tether_tunnel::API_SERVICE,
+            &PatchParams::default(),
+            &Patch::Merge(serving::ca_bundle_patch(&serving.ca)),
+        )
+        .await
+        .map_err(api(
+            "set the caBundle of APIService v1alpha1.proxy.multicluster.tether.dev (install it with the leader chart or config/rbac/leader.yaml)",
+        ))?;
+    let tls = tls_config(&front, &serving)?;
+    let listener = tokio::net::TcpListener::bind(opts.addr)
+        .await
+        .map_err(|source| ProxyError::Listen {
+            addr: opts.addr,
+            source,
+        })?;
+    let bound = listener.local_addr().map_err(|source| ProxyError::Listen {
+        addr: opts.addr,
+        source,
+    })?;
+    let slice = serving::endpoint_slice(&opts.namespace, &opts.service, opts.advertise, bound.port());
+    Api::<EndpointSlice>::namespaced(client.clone(), &opts.namespace)
+        .patch(
+            &opts.service,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&slice),
+        )
+        .await
+        .map_err(api("point the proxy EndpointSlice at this replica"))?;
+    info!(addr = %bound, advertise = %opts.advertise, "Serving member access (proxy.multicluster.tether.dev)");
+    let shared = Arc::new(server::Shared {
+        front,
+        tunnels: tunnels.clone(),
+        clusters: ctx.clusters.clone(),
+        metrics: ctx.metrics.clone(),
+        stop: stop.clone(),
+    });
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let sweep = sweep_stale(ctx.clone(), tunnels.clone());
+    tokio::pin!(sweep);
+    loop {
+        let (tcp, _) = tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            _ = &mut sweep => continue,
+            a = listener.accept() => match a {
+                Ok(a) => a,
+                Err(e) => { warn!(error = %e, "Accept failed"); continue }
+            },
+        };
+        let (acceptor, shared) = (acceptor.clone(), shared.clone());
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let Ok(tls) = acceptor.accept(tcp).await else {
+                return;
+            };
+            let front: Result<(), Arc<str>> = shared
+                .front
+                .check(tls.get_ref().1.peer_certificates())
+                .map_err(Arc::from);
+            let svc =
+                hyper::service::service_fn(move |req| server::handle(req, front.clone(), shared.clone()));
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
+            tokio::select! {
+                _ = conn => {}
+                _ = stop.cancelled() => {}
+            }
+        });
+        ctx.metrics.set_tunnels(tunnels.len());
+    }
+}
+
+fn apiservice_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("apiregistration.k8s.io", "v1", "APIService"),
+        "apiservices",
+    )
+}
+
+/// The shared serving certificate: read, or made once by whichever replica leads first.
+async fn ensure_serving(client: &Client, opts: &ProxyOptions) -> Result<serving::Serving, ProxyError> {
+    let secrets = Api::<Secret>::namespaced(client.clone(), &opts.namespace);
+    if let Some(s) = secrets
+        .get_opt(&opts.secret)
+        .await
+        .map_err(api("read the proxy serving Secret"))?
+        && let Some(found) = serving::from_secret(&s)
+    {
+        return Ok(found);
+    }
+    let made = serving::generate(&serving::service_dns(&opts.namespace, &opts.service))
+        .map_err(|e| ProxyError::Tls(e.to_string()))?;
+    let secret = serving::secret(&opts.namespace, &opts.secret, &made);
+    match secrets.create(&PostParams::default(), &secret).await {
+        Ok(_) => {
+            info!(secret = %opts.secret, "Created the proxy serving certificate");
+            Ok(made)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            let s = secrets
+                .get(&opts.secret)
+                .await
+                .map_err(api("read the proxy serving Secret"))?;
+            serving::from_secret(&s)
+                .ok_or_else(|| ProxyError::Tls(format!("Secret {} is incomplete", opts.secret)))
+        }
+        Err(e) => Err(ProxyError::Api {
+            op: "create the proxy serving Secret",
+            source: e,
+        }),
+    }
+}
+
+fn tls_config(front: &FrontProxy, s: &serving::Serving) -> Result<rustls::ServerConfig, ProxyError> {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+    let tls = |e: &dyn std::fmt::Display| ProxyError::Tls(e.to_string());
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(s.cert.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| tls(&e))?;
+    let key = PrivateKeyDer::from_pem_slice(s.key.as_bytes()).map_err(|e| tls(&e))?;
+    let mut config =
+        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| tls(&e))?
+            .with_client_cert_verifier(front.verifier()?)
+            .with_single_cert(certs, key)
+            .map_err(|e| tls(&e))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// Writes each tunnel change into the member's TunnelConnected condition (while leading).
+async fn conditions(ctx: Arc<Context>, tunnels: Arc<Tunnels>, mut rx: mpsc::UnboundedReceiver<Change>) {
+    while let Some(change) = rx.recv().await {
+        ctx.metrics.set_tunnels(tunnels.len());
+        if !*ctx.leader.borrow() {
+            continue;
+        }
+        let (status, reason, message) = if change.connected {
+            (
+                Status::True,
+                Reason::TunnelAttached,
+                "the agent's tunnel is attached to the active leader".to_string(),
+            )
+        } else {
+            (
+                Status::False,
+                Reason::TunnelClosed,
+                "the agent's tunnel closed; it reconnects by itself".to_string(),
+            )
+        };
+        write_condition(&ctx, &change.member, status, reason, message).await;
+    }
+}
+
+async fn write_condition(
+    ctx: &Context,
+    m: &tunnels::MemberKey,
+    status: Status,
+    reason: Reason,
+    message: String,
+) {
+    let previous = ctx
+        .clusters
+        .get(&kube::runtime::reflector::ObjectRef::new(&m.name).within(&m.namespace))
+        .and_then(|mc| mc.status.clone())
+        .map(|s| s.conditions)
+        .unwrap_or_default();
+    let cond = condition(
+        &previous,
+        ConditionType::TunnelConnected,
+        status,
+        reason,
+        message,
+        Timestamp::now(),
+    );
+    if find(&previous, ConditionType::TunnelConnected).is_some_and(|c| c == &cond) {
+        return;
+    }
+    let patch = ManagedClusterStatus {
+        conditions: vec![cond],
+        ..ManagedClusterStatus::default()
+    };
+    let api = Api::<ManagedCluster>::namespaced(ctx.client.clone(), &m.namespace);
+    if let Err(e) = api
+        .patch_status(
+            &m.name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &tether_api::status_apply::<ManagedCluster, _>(&patch),
+        )
+        .await
+    {
+        warn!(member = %m.name, error = &e as &dyn std::error::Error, "Cannot write TunnelConnected");
+    }
+}
+
+/// After a failover, members whose condition still says connected but whose agent did not come
+/// back within the grace are marked `NoTunnel`. Runs once per serving term.
+async fn sweep_stale(ctx: Arc<Context>, tunnels: Arc<Tunnels>) {
+    tokio::time::sleep(RECONNECT_GRACE).await;
+    for mc in ctx.clusters.state() {
+        let key = tunnels::MemberKey {
+            namespace: mc.namespace().unwrap_or_default(),
+            name: mc.name_any(),
+        };
+        let says_connected = mc
+            .status
+            .as_ref()
+            .and_then(|s| find(&s.conditions, ConditionType::TunnelConnected))
+            .is_some_and(|c| c.status == "True");
+        if says_connected && tunnels.get(&key).is_none() {
+            write_condition(
+                &ctx,
+                &key,
+                Status::False,
+                Reason::NoTunnel,
+                format!(
+                    "no tunnel reached the active leader within {}s",
+                    RECONNECT_GRACE.as_secs()
+                ),
+            )
+            .await;
+        }
+    }
+    std::future::pending::<()>().await;
+}

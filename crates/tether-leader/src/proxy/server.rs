@@ -1,0 +1,355 @@
+//! Ensures every request to the aggregated server is answered on behalf of a caller the leader's
+//! API server vouched for: the front-proxy certificate is checked before any header is read,
+//! only a member's own agent ServiceAccount may attach that member's tunnel, and a user's
+//! request travels to the member as one HTTP/2 stream with every forgeable identity header
+//! removed. Errors are Kubernetes `Status` objects that name the member and say why.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{CONNECTION, CONTENT_TYPE, UPGRADE};
+use http::{HeaderValue, Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    APIGroup, APIGroupList, APIResource, APIResourceList, GroupVersionForDiscovery,
+};
+use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+use tether_api::{ManagedCluster, labels};
+use tether_tunnel::headers::{self, MEMBER_AUTHORIZATION, REMOTE_GROUP, REMOTE_USER, strip_untrusted};
+use tether_tunnel::identity::Caller;
+use tether_tunnel::pipe::{self, Body};
+use tether_tunnel::route::{Discovery, Route, route};
+use tether_tunnel::{ATTACH, GROUP, PROXY, RESOURCE, UPGRADE_PROTOCOL, VERSION, status};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::frontproxy::FrontProxy;
+use super::tunnels::{MemberKey, Tunnels};
+use crate::Metrics;
+use crate::naming::AGENT_SERVICE_ACCOUNT;
+
+/// How often the leader pings each tunnel (the agent's read timeout is longer).
+const KEEPALIVE: Duration = Duration::from_secs(10);
+/// A tunnel that does not answer a ping for this long is closed.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// What every connection's handler shares.
+pub struct Shared {
+    /// The API server's front-proxy trust.
+    pub front: FrontProxy,
+    /// Live tunnels.
+    pub tunnels: Arc<Tunnels>,
+    /// Every ManagedCluster the leader created.
+    pub clusters: Store<ManagedCluster>,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Cancelled when this replica stops serving: every tunnel closes at once.
+    pub stop: CancellationToken,
+}
+
+/// Answers one request; `front` says whether the connection's peer is the front proxy.
+pub async fn handle(
+    req: Request<Incoming>,
+    front: Result<(), Arc<str>>,
+    sh: Arc<Shared>,
+) -> Result<Response<Body>, Infallible> {
+    let path = req.uri().path().to_string();
+    let r = route(&path);
+    if r == Route::Health {
+        return Ok(text(StatusCode::OK, "ok"));
+    }
+    if let Err(why) = front {
+        sh.metrics.proxied("unauthenticated");
+        return Ok(status(StatusCode::UNAUTHORIZED, &why));
+    }
+    let Some(caller) = sh.front.caller(req.headers()) else {
+        sh.metrics.proxied("unauthenticated");
+        return Ok(status(StatusCode::UNAUTHORIZED, "the front proxy named no user"));
+    };
+    Ok(match r {
+        Route::Discovery(d) => json(&discovery(d)),
+        Route::OpenApi => json(&serde_json::json!({
+            "swagger": "2.0", "info": {"title": "tether-proxy", "version": VERSION}, "paths": {}
+        })),
+        Route::Attach { namespace, name } => attach(req, &caller, member(namespace, name), &sh),
+        Route::Proxy {
+            namespace,
+            name,
+            path,
+        } => {
+            let m = member(namespace, name);
+            let path = path.to_string();
+            proxy(req, &caller, m, &path, &sh).await
+        }
+        Route::Health | Route::NotFound => {
+            status(StatusCode::NOT_FOUND, &format!("{path} is not served here"))
+        }
+    })
+}
+
+fn member(namespace: &str, name: &str) -> MemberKey {
+    MemberKey {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+    }
+}
+
+/// Whether `m` is a member the leader created (not an object anyone could make).
+fn known(clusters: &Store<ManagedCluster>, m: &MemberKey) -> bool {
+    clusters
+        .get(&ObjectRef::new(&m.name).within(&m.namespace))
+        .is_some_and(|mc| {
+            mc.labels().get(labels::MANAGED_BY).map(String::as_str) == Some(crate::provision::FIELD_MANAGER)
+        })
+}
+
+fn attach(mut req: Request<Incoming>, caller: &Caller, m: MemberKey, sh: &Arc<Shared>) -> Response<Body> {
+    if headers::upgrade_request(req.headers()).as_deref() != Some(UPGRADE_PROTOCOL) {
+        return status(
+            StatusCode::BAD_REQUEST,
+            &format!("{ATTACH} needs Connection: Upgrade and Upgrade: {UPGRADE_PROTOCOL}"),
+        );
+    }
+    let agent = format!("system:serviceaccount:{}:{AGENT_SERVICE_ACCOUNT}", m.namespace);
+    if caller.user != agent {
+        warn!(member = %m.name, namespace = %m.namespace, user = %caller.user, "Refused a tunnel from another identity");
+        sh.metrics.proxied("attach_forbidden");
+        return status(
+            StatusCode::FORBIDDEN,
+            &format!(
+                "only member {}'s agent ({agent}) may attach its tunnel, not {}",
+                m.name, caller.user
+            ),
+        );
+    }
+    if !known(&sh.clusters, &m) {
+        return status(
+            StatusCode::NOT_FOUND,
+            &format!("no member {} in namespace {}", m.name, m.namespace),
+        );
+    }
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    let (tunnels, stop) = (sh.tunnels.clone(), sh.stop.clone());
+    tokio::spawn(async move {
+        let upgraded = match on_upgrade.await {
+            Ok(u) => u,
+            Err(e) => {
+                debug!(member = %m.name, error = %e, "Tunnel upgrade did not complete");
+                return;
+            }
+        };
+        let handshake = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .keep_alive_interval(KEEPALIVE)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true)
+            .handshake::<_, Body>(upgraded)
+            .await;
+        let (send, conn) = match handshake {
+            Ok(h) => h,
+            Err(e) => {
+                warn!(member = %m.name, error = %e, "Tunnel handshake failed");
+                return;
+            }
+        };
+        let id = tunnels.insert(m.clone(), send);
+        info!(member = %m.name, namespace = %m.namespace, tunnels = tunnels.len(), "Tunnel connected");
+        tokio::select! {
+            r = conn => if let Err(e) = r { debug!(member = %m.name, error = %e, "Tunnel closed with an error") },
+            _ = stop.cancelled() => {}
+        }
+        tunnels.remove(&m, id);
+        info!(member = %m.name, namespace = %m.namespace, "Tunnel disconnected");
+    });
+    let mut resp = Response::new(pipe::empty());
+    *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    resp.headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("Upgrade"));
+    resp.headers_mut()
+        .insert(UPGRADE, HeaderValue::from_static(UPGRADE_PROTOCOL));
+    resp
+}
+
+async fn proxy(
+    req: Request<Incoming>,
+    caller: &Caller,
+    m: MemberKey,
+    path: &str,
+    sh: &Arc<Shared>,
+) -> Response<Body> {
+    let Some(mut send) = sh.tunnels.get(&m) else {
+        sh.metrics.proxied("no_tunnel");
+        let why = if known(&sh.clusters, &m) {
+            format!(
+                "member {} is not reachable: its agent has no tunnel to this leader (the agent is \
+                 not running or cannot reach the leader); see `kubectl get mcls -n {} {} -o wide`",
+                m.name, m.namespace, m.name
+            )
+        } else {
+            format!("no member {} in namespace {}", m.name, m.namespace)
+        };
+        return status(StatusCode::SERVICE_UNAVAILABLE, &why);
+    };
+    let upgrade = headers::upgrade_request(req.headers());
+    let (mut parts, body) = req.into_parts();
+    let target = match parts.uri.query() {
+        Some(q) => format!("http://member{path}?{q}"),
+        None => format!("http://member{path}"),
+    };
+    let Ok(uri) = target.parse() else {
+        return status(StatusCode::BAD_REQUEST, "the member path is not a valid URI");
+    };
+    parts.uri = uri;
+    parts.version = Version::HTTP_2;
+    strip_untrusted(&mut parts.headers, true);
+    let Ok(user) = HeaderValue::from_str(&caller.user) else {
+        return status(StatusCode::BAD_REQUEST, "the user name is not a valid header");
+    };
+    parts.headers.insert(REMOTE_USER, user);
+    for g in caller.groups.iter().filter_map(|g| HeaderValue::from_str(g).ok()) {
+        parts.headers.append(REMOTE_GROUP, g);
+    }
+    let has_member_credential = parts.headers.contains_key(MEMBER_AUTHORIZATION);
+    debug!(member = %m.name, user = %caller.user, method = %parts.method, path, pass_through = has_member_credential, "Proxying");
+    if send.ready().await.is_err() {
+        sh.metrics.proxied("tunnel_error");
+        return tunnel_failed(&m, "the tunnel closed");
+    }
+    let Some(protocol) = upgrade else {
+        let resp = send
+            .send_request(Request::from_parts(parts, pipe::boxed(body)))
+            .await;
+        return match resp {
+            Ok(r) => {
+                sh.metrics.proxied("ok");
+                let (mut p, b) = r.into_parts();
+                strip_untrusted(&mut p.headers, false);
+                p.version = Version::HTTP_11;
+                Response::from_parts(p, pipe::boxed(b))
+            }
+            Err(e) => {
+                sh.metrics.proxied("tunnel_error");
+                tunnel_failed(&m, &e.to_string())
+            }
+        };
+    };
+    // An upgrade (exec, attach, port-forward): the caller's raw connection is spliced with one
+    // stream once the member agreed to switch.
+    let on_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
+    let Ok(p) = HeaderValue::from_str(&protocol) else {
+        return status(StatusCode::BAD_REQUEST, "the Upgrade header is not valid");
+    };
+    parts.headers.insert(headers::UPGRADE, p);
+    // NB: an upgrade request has no body of its own; the stream's body carries the caller's bytes.
+    drop(body);
+    let (to_member, out) = pipe::channel();
+    let resp = match send.send_request(Request::from_parts(parts, out)).await {
+        Ok(r) => r,
+        Err(e) => {
+            sh.metrics.proxied("tunnel_error");
+            return tunnel_failed(&m, &e.to_string());
+        }
+    };
+    let switched = resp.headers().get(headers::UPGRADE).cloned();
+    let (mut p, from_member) = resp.into_parts();
+    match (switched, on_upgrade) {
+        (Some(proto), Some(on_upgrade)) => {
+            sh.metrics.proxied("upgraded");
+            let mut r = Response::new(pipe::empty());
+            *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+            r.headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("Upgrade"));
+            r.headers_mut().insert(UPGRADE, proto);
+            for h in headers::UPGRADE_RESPONSE_HEADERS {
+                for v in p.headers.get_all(&h) {
+                    r.headers_mut().append(h.clone(), v.clone());
+                }
+            }
+            tokio::spawn(async move {
+                match on_upgrade.await {
+                    Ok(up) => pipe::splice(TokioIo::new(up), to_member, from_member).await,
+                    Err(e) => debug!(error = %e, "Caller's upgrade did not complete"),
+                }
+            });
+            r
+        }
+        _ => {
+            // NB: a non-101 answer to an upgrade closes the connection.
+            sh.metrics.proxied("ok");
+            strip_untrusted(&mut p.headers, false);
+            p.version = Version::HTTP_11;
+            p.headers.insert(CONNECTION, HeaderValue::from_static("close"));
+            Response::from_parts(p, pipe::boxed(from_member))
+        }
+    }
+}
+
+fn tunnel_failed(m: &MemberKey, why: &str) -> Response<Body> {
+    status(
+        StatusCode::BAD_GATEWAY,
+        &format!(
+            "member {}'s tunnel failed: {why}; the agent reconnects by itself",
+            m.name
+        ),
+    )
+}
+
+/// The discovery documents of the proxy API.
+fn discovery(d: Discovery) -> serde_json::Value {
+    let gv = GroupVersionForDiscovery {
+        group_version: format!("{GROUP}/{VERSION}"),
+        version: VERSION.into(),
+    };
+    let group = APIGroup {
+        name: GROUP.into(),
+        versions: vec![gv.clone()],
+        preferred_version: Some(gv),
+        server_address_by_client_cidrs: None,
+    };
+    let sub = |name: &str, verbs: &[&str]| APIResource {
+        name: format!("{RESOURCE}/{name}"),
+        singular_name: String::new(),
+        namespaced: true,
+        kind: "ManagedClusterProxy".into(),
+        verbs: verbs.iter().map(|v| v.to_string()).collect(),
+        ..APIResource::default()
+    };
+    let value = match d {
+        Discovery::Groups => serde_json::to_value(APIGroupList { groups: vec![group] }),
+        Discovery::Group => serde_json::to_value(group),
+        Discovery::Resources => serde_json::to_value(APIResourceList {
+            group_version: format!("{GROUP}/{VERSION}"),
+            resources: vec![
+                sub(PROXY, &["get", "create", "update", "patch", "delete"]),
+                sub(ATTACH, &["get"]),
+            ],
+        }),
+    };
+    let kind = match d {
+        Discovery::Groups => "APIGroupList",
+        Discovery::Group => "APIGroup",
+        Discovery::Resources => "APIResourceList",
+    };
+    let mut v = value.unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("kind".into(), kind.into());
+        o.insert("apiVersion".into(), "v1".into());
+    }
+    v
+}
+
+fn json(v: &serde_json::Value) -> Response<Body> {
+    let mut r = Response::new(pipe::full(v.to_string()));
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+fn text(code: StatusCode, body: &'static str) -> Response<Body> {
+    let mut r = Response::new(pipe::full(body));
+    *r.status_mut() = code;
+    r
+}

@@ -1,0 +1,565 @@
+//! Member access through the leader, on real clusters: a leader whose kube-apiserver runs the
+//! aggregation layer, the leader controller serving `proxy.multicluster.tether.dev` on the lab
+//! bridge, and two members whose agents dial their tunnels out. Every identity rule is proven
+//! against the real API servers: the leader's RBAC on `managedclusters/proxy`, the member's own
+//! RBAC on the impersonated or passed-through identity, forged headers, another member's agent,
+//! a watch longer than the leader's `--request-timeout`, an upgraded stream, a member whose
+//! agent is gone, and a failover of the leader replica.
+//!
+//! This binary has its own `main` (libtest-mimic): it moves into its lab network namespace
+//! first, so every address it uses lives in namespaces this run creates.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use http::header::{CONNECTION, UPGRADE};
+use http::{Request, StatusCode};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Endpoints, Namespace, ServiceAccount};
+use kube::api::{Api, ObjectMeta, PostParams, WatchEvent, WatchParams};
+use kube::{Client, Config, ResourceExt};
+use libtest_mimic::{Arguments, Failed, Trial};
+use serde_json::json;
+use tether_api::conditions::{ConditionType, find};
+use tether_e2e::fleet::{self, LeaderSide, MemberSide, managed};
+use tether_e2e::sim::{join_token, ns_of};
+use tether_testkit::{TestCluster, eventually, free_port, lab};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn main() -> ExitCode {
+    let args = Arguments::from_args();
+    if let Err(err) = lab::enter() {
+        eprintln!("error: the member-access test cannot run here: {err}");
+        return ExitCode::FAILURE;
+    }
+    let tests = vec![Trial::test(
+        "members_are_reached_through_the_leader_and_their_own_rbac_decides",
+        || run(member_access()),
+    )];
+    libtest_mimic::run(&args, tests).exit_code()
+}
+
+fn run(test: impl std::future::Future<Output = ()>) -> Result<(), Failed> {
+    tokio::runtime::Runtime::new()
+        .map_err(|e| Failed::from(e.to_string()))?
+        .block_on(test);
+    Ok(())
+}
+
+fn step(what: &str) {
+    eprintln!("== {what}");
+}
+
+/// The leader's request timeout: the watch below must outlive it.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn member_access() {
+    let cluster = TestCluster::builder("leader")
+        .request_timeout(REQUEST_TIMEOUT)
+        .start()
+        .await
+        .expect("leader cluster");
+    let addr = |port| std::net::SocketAddr::from((lab::GATEWAY, port));
+    let (port_a, port_b) = (free_port().expect("port"), free_port().expect("port"));
+    let mut leader = fleet::leader_with_proxy(
+        cluster,
+        json!({"heartbeatInterval": "2s", "gracePeriod": "6s"}),
+        addr(port_a),
+        4,
+    )
+    .await;
+    let token = join_token(&leader.admin).await;
+    let east = fleet::member_with_args(
+        "east",
+        &leader,
+        &token,
+        json!({}),
+        &[
+            "--impersonate-users=alice,bob-unlisted-not",
+            "--impersonate-groups=devs",
+        ],
+    )
+    .await;
+    let mut west = fleet::member("west", &leader, &token, json!({})).await;
+    for m in ["east", "west"] {
+        wait_tunnel(&leader, m, "True").await;
+    }
+
+    step("leader RBAC: who may use managedclusters/proxy");
+    grant_proxy(&leader, "east", &["alice", "bob", "carol"]).await;
+    grant_proxy(&leader, "west", &["alice"]).await;
+    member_rbac(&east).await;
+
+    let alice = through(&leader, "alice", Some("devs"), "east").await;
+    let names = list_namespaces(&alice)
+        .await
+        .expect("alice lists east's namespaces");
+    assert!(names.contains(&"kube-system".to_string()), "{names:?}");
+
+    step("the member's RBAC decides: the impersonated tether:prod:alice may not read Secrets");
+    let err = get(&alice, "/api/v1/namespaces/kube-system/secrets", &[])
+        .await
+        .unwrap_err();
+    assert!(err.0 == 403 && err.1.contains("tether:prod:alice"), "{err:?}");
+
+    step("a leader user without managedclusters/proxy gets the leader's 403");
+    let mallory = through(&leader, "mallory", None, "east").await;
+    let err = get(&mallory, "/api/v1/namespaces", &[]).await.unwrap_err();
+    assert!(err.0 == 403 && err.1.contains("managedclusters/proxy"), "{err:?}");
+
+    step("a user not on the member's allow-list is never impersonated");
+    let bob = through(&leader, "bob", None, "east").await;
+    let err = get(&bob, "/api/v1/namespaces", &[]).await.unwrap_err();
+    assert!(err.0 == 403 && err.1.contains("allow-list"), "{err:?}");
+
+    step("forged identity headers are refused or stripped");
+    let forged = [
+        ("tether-remote-user", "system:admin"),
+        ("tether-remote-group", "system:masters"),
+        ("x-remote-user", "system:admin"),
+        ("x-remote-group", "system:masters"),
+    ];
+    let err = get(&alice, "/api/v1/namespaces/kube-system/secrets", &forged)
+        .await
+        .unwrap_err();
+    assert!(err.0 == 403 && err.1.contains("tether:prod:alice"), "{err:?}");
+    get(&alice, "/api/v1/namespaces", &forged)
+        .await
+        .expect("alice still lists namespaces");
+    let err = get(
+        &alice,
+        "/api/v1/namespaces",
+        &[
+            ("impersonate-group", "system:masters"),
+            ("impersonate-user", "admin"),
+        ],
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        err.0, 403,
+        "the leader refuses alice's own impersonation: {err:?}"
+    );
+
+    step("pass-through: a member credential decides, the leader identity does not");
+    let reader = member_token(&east, "reader").await;
+    let nobody = member_token(&east, "nobody").await;
+    let carol = through(&leader, "carol", None, "east").await;
+    let bearer = format!("Bearer {reader}");
+    get(
+        &carol,
+        "/api/v1/namespaces",
+        &[("tether-member-authorization", &bearer)],
+    )
+    .await
+    .expect("the reader token lists namespaces");
+    let bearer = format!("Bearer {nobody}");
+    let err = get(
+        &carol,
+        "/api/v1/namespaces",
+        &[("tether-member-authorization", &bearer)],
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.0 == 403 && err.1.contains("system:serviceaccount:default:nobody"),
+        "{err:?}"
+    );
+
+    step("agent west cannot serve east's tunnel");
+    let west_token = leader_sa_token(&leader, &ns_of("west")).await;
+    let (code, body) = attach_as(&leader, &west_token, "east").await;
+    assert_eq!(code, StatusCode::FORBIDDEN, "the leader's RBAC refuses: {body}");
+    grant_attach(&leader, "east", &ns_of("west")).await;
+    let (code, body) = eventually(
+        "the proxy itself refuses west's agent",
+        Duration::from_secs(20),
+        || async {
+            let (code, body) = attach_as(&leader, &west_token, "east").await;
+            if body.contains("only member east's agent") {
+                Ok((code, body))
+            } else {
+                Err(format!("{code}: {body}"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(code, StatusCode::FORBIDDEN, "{body}");
+    get(&alice, "/api/v1/namespaces", &[])
+        .await
+        .expect("east's own tunnel still serves");
+
+    step("a watch through the proxy outlives the leader's --request-timeout");
+    let started = Instant::now();
+    let ns_api = Api::<Namespace>::all(alice.clone());
+    let mut stream = ns_api
+        .watch(&WatchParams::default().timeout(120), "0")
+        .await
+        .expect("watch")
+        .boxed();
+    let creator = {
+        let admin = east.admin.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(REQUEST_TIMEOUT + Duration::from_secs(5)).await;
+            let ns = Namespace {
+                metadata: ObjectMeta {
+                    name: Some("late".into()),
+                    ..ObjectMeta::default()
+                },
+                ..Namespace::default()
+            };
+            Api::<Namespace>::all(admin)
+                .create(&PostParams::default(), &ns)
+                .await
+                .expect("create");
+        })
+    };
+    let late = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(ev) = stream.try_next().await.expect("watch event") {
+            if let WatchEvent::Added(ns) = ev
+                && ns.name_any() == "late"
+            {
+                return started.elapsed();
+            }
+        }
+        panic!("the watch ended before namespace late appeared");
+    })
+    .await
+    .expect("namespace late seen through the watch");
+    creator.await.expect("creator");
+    assert!(late > REQUEST_TIMEOUT, "seen after {late:?}");
+    eprintln!("watch event after {late:.1?} (leader --request-timeout {REQUEST_TIMEOUT:?})");
+
+    step("an upgraded stream (a member Service that speaks an upgrade protocol) passes through");
+    let echo = EchoServer::start().await;
+    expose_echo(&east, echo.port).await;
+    let mut io = upgrade(&alice, "/api/v1/namespaces/default/services/http:echo:80/proxy/").await;
+    for msg in [&b"ping"[..], &b"second message"[..]] {
+        io.write_all(msg).await.expect("write");
+        let mut buf = vec![0u8; msg.len()];
+        io.read_exact(&mut buf).await.expect("read echo");
+        assert_eq!(buf, msg);
+    }
+    drop(io);
+
+    step("a member whose agent is gone: 503 that names it, TunnelConnected=False");
+    west.kill_agent();
+    wait_tunnel(&leader, "west", "False").await;
+    let alice_west = through(&leader, "alice", Some("devs"), "west").await;
+    let err = get(&alice_west, "/api/v1/namespaces", &[]).await.unwrap_err();
+    assert!(
+        err.0 == 503 && err.1.contains("member west is not reachable"),
+        "{err:?}"
+    );
+    west.start_agent();
+    wait_tunnel(&leader, "west", "True").await;
+
+    step("the leading replica is killed: the standby serves and the tunnels come back");
+    let args = fleet::proxy_args(addr(port_b), 4);
+    let _b = leader.start_replica("leader-b", &args).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let killed = Instant::now();
+    leader.controller.kill();
+    eventually(
+        "east answers through the new leader",
+        Duration::from_secs(60),
+        || async { get(&alice, "/api/v1/namespaces", &[]).await.map(|_| ()) },
+    )
+    .await;
+    let back = killed.elapsed();
+    eprintln!("member access back {back:.1?} after the leading replica was killed (lease 4 s)");
+    drop(east);
+}
+
+/// Waits until member `name`'s TunnelConnected condition is `status`.
+async fn wait_tunnel(leader: &LeaderSide, name: &str, status: &str) {
+    eventually(
+        &format!("{name}: TunnelConnected={status}"),
+        Duration::from_secs(60),
+        || async {
+            let mc = managed(&leader.admin, name).await?;
+            let c = mc
+                .status
+                .as_ref()
+                .and_then(|s| find(&s.conditions, ConditionType::TunnelConnected).cloned());
+            match c {
+                Some(c) if c.status == status => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+}
+
+async fn apply(client: &Client, ns: Option<&str>, value: serde_json::Value) {
+    let obj: kube::api::DynamicObject = serde_json::from_value(value.clone()).expect("object");
+    let gvk = kube::core::GroupVersionKind::try_from(obj.types.as_ref().expect("types")).expect("gvk");
+    let (ar, _) = kube::discovery::pinned_kind(client, &gvk)
+        .await
+        .expect("discover kind");
+    let api = match ns {
+        Some(ns) => Api::<kube::api::DynamicObject>::namespaced_with(client.clone(), ns, &ar),
+        None => Api::<kube::api::DynamicObject>::all_with(client.clone(), &ar),
+    };
+    api.patch(
+        &obj.name_any(),
+        &kube::api::PatchParams::apply("tether-e2e").force(),
+        &kube::api::Patch::Apply(value),
+    )
+    .await
+    .expect("apply");
+}
+
+/// Lets `users` call managedclusters/proxy on member `name` (a leader-side Role).
+async fn grant_proxy(leader: &LeaderSide, name: &str, users: &[&str]) {
+    let ns = ns_of(name);
+    apply(
+        &leader.admin,
+        Some(&ns),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "member-proxy", "namespace": ns},
+        "rules": [{"apiGroups": [tether_tunnel::GROUP], "resources": ["managedclusters/proxy"],
+                   "verbs": ["get", "create", "update", "patch", "delete"]}]}),
+    )
+    .await;
+    let subjects: Vec<_> = users
+        .iter()
+        .map(|u| json!({"kind": "User", "name": u, "apiGroup": "rbac.authorization.k8s.io"}))
+        .collect();
+    apply(
+        &leader.admin,
+        Some(&ns),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "member-proxy", "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "member-proxy"},
+        "subjects": subjects}),
+    )
+    .await;
+}
+
+/// A misconfiguration: the agent ServiceAccount of `other_ns` may attach member `name` too.
+async fn grant_attach(leader: &LeaderSide, name: &str, other_ns: &str) {
+    let ns = ns_of(name);
+    apply(&leader.admin, Some(&ns), json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "stray-attach", "namespace": ns},
+        "rules": [{"apiGroups": [tether_tunnel::GROUP], "resources": ["managedclusters/attach"], "verbs": ["get"]}]})).await;
+    apply(
+        &leader.admin,
+        Some(&ns),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "stray-attach", "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "stray-attach"},
+        "subjects": [{"kind": "ServiceAccount", "name": "tether-agent", "namespace": other_ns}]}),
+    )
+    .await;
+}
+
+/// The member side of east, as its admin would set it: the agent may impersonate exactly
+/// tether:prod:alice and tether:prod:devs; tether:prod:alice may list namespaces and proxy to
+/// Services; a `reader` ServiceAccount may list namespaces, `nobody` may do nothing.
+async fn member_rbac(m: &MemberSide) {
+    let c = &m.admin;
+    apply(c, None, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "tether-agent-impersonate"},
+        "rules": [{"apiGroups": [""], "resources": ["users"], "verbs": ["impersonate"], "resourceNames": ["tether:prod:alice"]},
+                  {"apiGroups": [""], "resources": ["groups"], "verbs": ["impersonate"], "resourceNames": ["tether:prod:devs"]}]})).await;
+    apply(c, None, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "tether-agent-impersonate"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tether-agent-impersonate"},
+        "subjects": [{"kind": "ServiceAccount", "name": "tether-agent", "namespace": "tether-system"}]})).await;
+    apply(
+        c,
+        None,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "namespace-reader"},
+        "rules": [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+                  {"apiGroups": [""], "resources": ["services/proxy"], "verbs": ["get", "create"]}]}),
+    )
+    .await;
+    apply(c, None, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "namespace-reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "namespace-reader"},
+        "subjects": [{"kind": "Group", "name": "tether:prod:devs", "apiGroup": "rbac.authorization.k8s.io"},
+                     {"kind": "ServiceAccount", "name": "reader", "namespace": "default"}]})).await;
+    for sa in ["reader", "nobody"] {
+        apply(
+            c,
+            Some("default"),
+            json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": sa, "namespace": "default"}}),
+        )
+        .await;
+    }
+}
+
+/// A token of ServiceAccount `default/<sa>` on member `m`.
+async fn member_token(m: &MemberSide, sa: &str) -> String {
+    tether_e2e::service_account_token(&m.admin, "default", sa)
+        .await
+        .expect("member token")
+}
+
+/// A token of member `ns`'s agent ServiceAccount on the leader.
+async fn leader_sa_token(leader: &LeaderSide, ns: &str) -> String {
+    let req = TokenRequest::default();
+    Api::<ServiceAccount>::namespaced(leader.admin.clone(), ns)
+        .create_token_request("tether-agent", &PostParams::default(), &req)
+        .await
+        .expect("token request")
+        .status
+        .expect("status")
+        .token
+}
+
+/// A client of leader user `user` whose requests go to member `name` through the proxy.
+async fn through(leader: &LeaderSide, user: &str, group: Option<&str>, name: &str) -> Client {
+    let mut config: Config = leader
+        .cluster
+        .user_config(user, group)
+        .await
+        .expect("user config");
+    let base = format!(
+        "{}{}",
+        leader.cluster.url(),
+        tether_tunnel::proxy_path(&ns_of(name), name)
+    );
+    config.cluster_url = base.parse().expect("url");
+    Client::try_from(config).expect("client")
+}
+
+async fn list_namespaces(c: &Client) -> Result<Vec<String>, (u16, String)> {
+    let text = get(c, "/api/v1/namespaces", &[]).await?;
+    let list: k8s_openapi::List<Namespace> = serde_json::from_str(&text).map_err(|e| (0, e.to_string()))?;
+    Ok(list.items.iter().map(|n| n.name_any()).collect())
+}
+
+/// GET `path` with extra headers; an error is (code, message).
+async fn get(c: &Client, path: &str, headers: &[(&str, &str)]) -> Result<String, (u16, String)> {
+    let mut req = Request::get(path);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    c.request_text(req.body(Vec::new()).expect("request"))
+        .await
+        .map_err(|e| match e {
+            kube::Error::Api(s) => (s.code, s.message),
+            other => (0, other.to_string()),
+        })
+}
+
+/// Tries to attach member `name`'s tunnel with `token`; returns the status and body.
+async fn attach_as(leader: &LeaderSide, token: &str, name: &str) -> (StatusCode, String) {
+    let c = leader.cluster.client_with_token(token).expect("client");
+    let req = Request::get(tether_tunnel::attach_path(&ns_of(name), name))
+        .header(CONNECTION, "Upgrade")
+        .header(UPGRADE, tether_tunnel::UPGRADE_PROTOCOL)
+        .body(kube::client::Body::empty())
+        .expect("request");
+    let resp = c.send(req).await.expect("send");
+    let code = resp.status();
+    let body = tether_tunnel::pipe::collect_limited(resp.into_body(), 4096).await;
+    (code, String::from_utf8_lossy(&body).to_string())
+}
+
+/// Opens an upgraded connection to `path` through `c`.
+async fn upgrade(c: &Client, path: &str) -> hyper_util::rt::TokioIo<hyper::upgrade::Upgraded> {
+    let req = Request::get(path)
+        .header(CONNECTION, "Upgrade")
+        .header(UPGRADE, "tether-echo")
+        .body(kube::client::Body::empty())
+        .expect("request");
+    let mut resp = c.send(req).await.expect("send");
+    assert_eq!(
+        resp.status(),
+        StatusCode::SWITCHING_PROTOCOLS,
+        "{:?}",
+        resp.headers()
+    );
+    hyper_util::rt::TokioIo::new(hyper::upgrade::on(&mut resp).await.expect("upgraded"))
+}
+
+/// Service `default/echo` of member `m`, backed by `echo_port` on the lab bridge. NB: the API
+/// server proxies only to endpoints that name a pod with that IP, so a pod object stands for the
+/// echo server (this member has no node: it stays Pending with the lab address as its IP).
+async fn expose_echo(m: &MemberSide, echo_port: u16) {
+    let ip = lab::GATEWAY.to_string();
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(m.admin.clone(), "default");
+    let pod = serde_json::from_value(json!({"metadata": {"name": "echo", "namespace": "default"},
+        "spec": {"containers": [{"name": "echo", "image": "echo"}]}}))
+    .expect("pod");
+    pods.create(&PostParams::default(), &pod).await.expect("pod");
+    pods.patch_status(
+        "echo",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"status": {"podIP": ip, "podIPs": [{"ip": ip}]}})),
+    )
+    .await
+    .expect("pod status");
+    apply(
+        &m.admin,
+        Some("default"),
+        json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "echo", "namespace": "default"},
+        "spec": {"ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}}),
+    )
+    .await;
+    let ep: Endpoints = serde_json::from_value(json!({"metadata": {"name": "echo", "namespace": "default"},
+        "subsets": [{"addresses": [{"ip": lab::GATEWAY.to_string(),
+                                    "targetRef": {"kind": "Pod", "name": "echo", "namespace": "default"}}],
+                     "ports": [{"name": "http", "port": echo_port, "protocol": "TCP"}]}]}))
+    .expect("endpoints");
+    Api::<Endpoints>::namespaced(m.admin.clone(), "default")
+        .create(&PostParams::default(), &ep)
+        .await
+        .expect("endpoints");
+}
+
+/// A plain-HTTP server that switches any upgrade request to an echo of its bytes.
+struct EchoServer {
+    port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl EchoServer {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind((lab::GATEWAY, 0))
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let task = tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let svc =
+                        hyper::service::service_fn(|mut req: Request<hyper::body::Incoming>| async move {
+                            let on = hyper::upgrade::on(&mut req);
+                            tokio::spawn(async move {
+                                if let Ok(up) = on.await {
+                                    let (mut r, mut w) = tokio::io::split(hyper_util::rt::TokioIo::new(up));
+                                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                                }
+                            });
+                            let resp = http::Response::builder()
+                                .status(StatusCode::SWITCHING_PROTOCOLS)
+                                .header(CONNECTION, "Upgrade")
+                                .header(UPGRADE, "tether-echo")
+                                .body(http_body_util::Empty::<bytes::Bytes>::new())
+                                .expect("response");
+                            Ok::<_, std::convert::Infallible>(resp)
+                        });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                        .with_upgrades()
+                        .await;
+                });
+            }
+        });
+        Self { port, task }
+    }
+}
+
+impl Drop for EchoServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
