@@ -110,6 +110,7 @@ pub fn shell(cluster: &TestCluster, line: &str) -> Output {
         .args(args)
         .current_dir(repo())
         .env("KUBECONFIG", cluster.kubeconfig())
+        .env("KUBECTL", Tools::locate().expect("tools").path("kubectl"))
         .env("HELM_CACHE_HOME", std::env::temp_dir().join("tether-helm4/cache"))
         .env(
             "HELM_CONFIG_HOME",

@@ -189,6 +189,141 @@ fn run_notes(cluster: &TestCluster, helm: &Helm, release: &str) {
     }
 }
 
+/// Member access through the leader's pods: the leading replica serves the proxy API, both
+/// agents' tunnels attach, and the leader's admin reaches a real pod of east with kubectl exec,
+/// logs and port-forward, as the allow-listed `tether:prod:tether-admin` that east's RBAC binds.
+async fn member_access(start: Instant, leader: &TestCluster, members: &[(String, TestCluster, Helm)]) {
+    step(
+        start,
+        "member access: both tunnels attach to the leading leader pod",
+    );
+    eventually(
+        "TUNNEL TunnelAttached for east and west",
+        Duration::from_secs(90),
+        || async {
+            let table = text(&shell(leader, "kubectl get mcls -A -o wide"));
+            if table.matches("TunnelAttached").count() == 2 {
+                Ok(())
+            } else {
+                Err(table)
+            }
+        },
+    )
+    .await;
+    let (_, east, helm) = members.iter().find(|m| m.0 == "east").expect("east");
+    step(
+        start,
+        "  east allows the leader's admin: helm upgrade --set proxy.impersonate.users={tether-admin}",
+    );
+    helm.ok(
+        east,
+        &[
+            "upgrade",
+            "tether-agent",
+            "charts/tether-agent",
+            "-n",
+            NAMESPACE,
+            "--reuse-values",
+            "--set",
+            "proxy.impersonate.users={tether-admin}",
+            "--wait",
+            "--timeout",
+            "3m",
+        ],
+    );
+    let o = shell(
+        east,
+        "kubectl create clusterrolebinding leader-admin --clusterrole=cluster-admin --user=tether:prod:tether-admin",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let agent_pod = eventually(
+        "east's new agent pod is Ready and its tunnel attached",
+        Duration::from_secs(90),
+        || async {
+            let pods = chart_pods(east, "tether-agent").await;
+            let table = text(&shell(leader, "kubectl get mcls -A -o wide"));
+            match pods.as_slice() {
+                [(name, true, _)] if table.matches("TunnelAttached").count() == 2 => {
+                    let o = shell(
+                        leader,
+                        "tether --cluster east -- get pods -n tether-system -o name",
+                    );
+                    if o.status.success() && text(&o).contains(name.as_str()) {
+                        Ok(name.clone())
+                    } else {
+                        Err(text(&o))
+                    }
+                }
+                _ => Err(table),
+            }
+        },
+    )
+    .await;
+    step(start, "  kubectl exec through the leader into east's agent pod");
+    let o = shell(
+        leader,
+        &format!(
+            "tether --cluster east -- exec -n {NAMESPACE} {agent_pod} -- /usr/local/bin/tether --version"
+        ),
+    );
+    assert!(
+        o.status.success() && text(&o).contains("tether"),
+        "exec: {}",
+        text(&o)
+    );
+    step(start, "  kubectl logs through the leader");
+    let o = shell(
+        leader,
+        &format!("tether --cluster east -- logs -n {NAMESPACE} {agent_pod} --tail=3"),
+    );
+    assert!(o.status.success() && !o.stdout.is_empty(), "logs: {}", text(&o));
+    step(
+        start,
+        "  kubectl port-forward through the leader to the agent's admin port",
+    );
+    let port = tether_testkit::free_port().expect("port");
+    let kubeconfig = east.dir().join("through-leader.kubeconfig");
+    let o = shell(
+        leader,
+        &format!("tether kubeconfig --cluster east -o {}", kubeconfig.display()),
+    );
+    assert!(o.status.success(), "tether kubeconfig: {}", text(&o));
+    let kubectl = tether_testkit::Tools::locate().expect("tools").path("kubectl");
+    let mut pf = std::process::Command::new(kubectl)
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args([
+            "port-forward",
+            "-n",
+            NAMESPACE,
+            &agent_pod,
+            &format!("{port}:8080"),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("port-forward");
+    let body = eventually(
+        "GET /livez through the forwarded port",
+        Duration::from_secs(30),
+        || async {
+            let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .map_err(|e| e.to_string())?;
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            s.write_all(b"GET /livez HTTP/1.0\r\n\r\n")
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.map_err(|e| e.to_string())?;
+            if out.contains("200") { Ok(out) } else { Err(out) }
+        },
+    )
+    .await;
+    let _ = pf.kill();
+    let _ = pf.wait();
+    assert!(body.ends_with("ok"), "{body}");
+}
+
 async fn real_pods() {
     let start = Instant::now();
     let tag = pods::app_version();
@@ -230,6 +365,8 @@ async fn real_pods() {
     for (_, cluster, helm) in members {
         run_notes(cluster, helm, "tether-agent");
     }
+
+    member_access(start, leader, members).await;
 
     step(
         start,

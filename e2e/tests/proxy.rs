@@ -48,7 +48,9 @@ fn run(test: impl std::future::Future<Output = ()>) -> Result<(), Failed> {
 }
 
 fn step(what: &str) {
-    eprintln!("== {what}");
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let t = START.get_or_init(Instant::now).elapsed();
+    eprintln!("== [{:6.1}s] {what}", t.as_secs_f64());
 }
 
 /// The leader's request timeout: the watch below must outlive it.
@@ -82,6 +84,7 @@ async fn member_access() {
     )
     .await;
     let mut west = fleet::member("west", &leader, &token, json!({})).await;
+    step("both tunnels attach");
     for m in ["east", "west"] {
         wait_tunnel(&leader, m, "True").await;
     }
@@ -269,6 +272,7 @@ async fn member_access() {
     .await;
     let back = killed.elapsed();
     eprintln!("member access back {back:.1?} after the leading replica was killed (lease 4 s)");
+    step("done");
     drop(east);
 }
 
@@ -425,6 +429,8 @@ async fn through(leader: &LeaderSide, user: &str, group: Option<&str>, name: &st
         tether_tunnel::proxy_path(&ns_of(name), name)
     );
     config.cluster_url = base.parse().expect("url");
+    // NB: as kubectl does, take a 503 as an answer instead of retrying it.
+    config.default_retry = false;
     Client::try_from(config).expect("client")
 }
 

@@ -53,8 +53,9 @@ struct Member {
     access: MemberAccess,
 }
 
-/// Keeps a tunnel to the leader attached for member `name` in `namespace` (never returns).
-pub(crate) async fn run(
+/// Keeps a tunnel to the leader attached for member `name` of set `set` in `namespace`, dialing
+/// with the current client of `leader` (never returns).
+pub async fn run(
     leader: watch::Receiver<Client>,
     access: MemberAccess,
     set: String,

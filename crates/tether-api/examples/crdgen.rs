@@ -1,5 +1,6 @@
 //! Writes every generated file (`make generate`): the CRDs in `config/crd/`, their copies in each
-//! chart's `crds/`, and each chart's copy of its controller's RBAC from `config/rbac/`. With
+//! chart's `crds/`, each chart's copy of its controller's RBAC from `config/rbac/`, and the leader
+//! chart's copy of `config/proxy/leader-proxy.yaml`. With
 //! `--check` it writes nothing and fails if a committed file differs (`make check-generated`).
 
 use std::path::{Path, PathBuf};
@@ -39,6 +40,19 @@ fn main() -> ExitCode {
                 eprintln!("error: cannot read {}: {err}", source.display());
                 return ExitCode::FAILURE;
             }
+        }
+    }
+    let proxy = root.join("config/proxy/leader-proxy.yaml");
+    match std::fs::read_to_string(&proxy) {
+        Ok(text) => files.push((
+            root.join("charts/tether-leader/files/proxy.yaml"),
+            format!(
+                "# Generated from config/proxy/leader-proxy.yaml by `make generate`; do not edit.\n{text}"
+            ),
+        )),
+        Err(err) => {
+            eprintln!("error: cannot read {}: {err}", proxy.display());
+            return ExitCode::FAILURE;
         }
     }
     let mut stale = Vec::new();

@@ -2,6 +2,7 @@
 //! `status`, `destroy`) and the member side (`join`, `leave`). Installed as `kubectl-tether` it is
 //! a kubectl plugin. Every command is idempotent and fails with a message that says what to do.
 
+pub mod access;
 pub mod cluster;
 pub mod join;
 pub mod leader;
@@ -26,6 +27,7 @@ Each member cluster:
   tether join --leader https://leader:6443 --token abcdef.0123456789abcdef --ca-cert-hash sha256:...
 Then:
   tether status                            # on the leader: the set and its members
+  tether --cluster east -- get pods -A     # on the leader: kubectl against member east
   tether leave                             # on a member
   tether destroy --clusterset prod         # on the leader")]
 pub struct Cli {
@@ -39,9 +41,19 @@ pub struct Cli {
     /// Namespace of the ClusterSet (leader: the set's home; member: the agent's namespace).
     #[arg(short = 'n', long, global = true, default_value = "tether-system")]
     pub namespace: String,
+    /// Leader: run kubectl against this member through the leader (`tether --cluster east --
+    /// get ns`; as a plugin `kubectl tether --cluster east -- get ns`).
+    #[arg(long, value_name = "MEMBER", requires = "kubectl")]
+    pub cluster: Option<String>,
+    /// With --cluster: the ClusterSet, when several sets have a member of that name.
+    #[arg(long = "in-clusterset", value_name = "SET", requires = "cluster")]
+    pub in_clusterset: Option<String>,
+    /// With --cluster: the kubectl arguments, after `--`.
+    #[arg(last = true, value_name = "KUBECTL ARGS")]
+    pub kubectl: Vec<String>,
     /// What to do.
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
 }
 
 /// The commands.
@@ -64,6 +76,8 @@ pub enum Command {
     Join(join::JoinArgs),
     /// Member: leave the ClusterSet (the agent deregisters at the leader).
     Leave(leave::LeaveArgs),
+    /// Leader: print a kubeconfig that reaches a member through the leader (its proxy API).
+    Kubeconfig(access::KubeconfigArgs),
     /// Print the CLI's version and the Tether controllers it can see.
     Version,
     /// Print shell completions (bash, zsh, fish, powershell, elvish).
@@ -81,7 +95,7 @@ pub fn colour() -> bool {
 /// Parses the command line, runs it and turns errors into a message and an exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Command::Completions { shell } = cli.command {
+    if let Some(Command::Completions { shell }) = cli.command {
         let mut cmd = Cli::command();
         let name = if invoked_as_plugin() {
             "kubectl-tether"
@@ -98,6 +112,22 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let (None, Some(member)) = (&cli.command, &cli.cluster) {
+        let target = target(&cli);
+        let code = runtime.block_on(access::kubectl(
+            &target,
+            member,
+            cli.in_clusterset.as_deref(),
+            &cli.kubectl,
+        ));
+        return match code {
+            Ok(c) => ExitCode::from(u8::try_from(c).unwrap_or(1)),
+            Err(err) => {
+                eprintln!("error: {err:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -113,14 +143,21 @@ fn invoked_as_plugin() -> bool {
         .is_some_and(|a| a.rsplit('/').next().is_some_and(|n| n.starts_with("kubectl-")))
 }
 
-/// Runs one command.
-pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    let target = cluster::Target {
+fn target(cli: &Cli) -> cluster::Target {
+    cluster::Target {
         kubeconfig: cli.kubeconfig.clone(),
         context: cli.context.clone(),
         namespace: cli.namespace.clone(),
+    }
+}
+
+/// Runs one command.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let target = target(&cli);
+    let Some(command) = cli.command else {
+        anyhow::bail!("no command: see `tether --help` (or `tether --cluster <member> -- <kubectl args>`)");
     };
-    match cli.command {
+    match command {
         Command::Init(args) => leader::init(&target, args).await,
         Command::Token(cmd) => leader::token(&target, cmd).await,
         Command::Approve(args) => leader::decide(&target, args, true).await,
@@ -129,6 +166,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Destroy(args) => leader::destroy(&target, args).await,
         Command::Join(args) => join::join(&target, args).await,
         Command::Leave(args) => leave::leave(&target, args).await,
+        Command::Kubeconfig(args) => access::kubeconfig(&target, args).await,
         Command::Version => version(&target).await,
         Command::Completions { .. } => Ok(()),
     }
@@ -181,7 +219,7 @@ mod tests {
     fn commands_parse_and_bad_flags_are_refused() {
         let cli =
             Cli::try_parse_from(["tether", "init", "--clusterset", "prod", "--approval", "manual"]).unwrap();
-        assert!(matches!(cli.command, Command::Init(ref a) if a.clusterset == "prod"));
+        assert!(matches!(cli.command, Some(Command::Init(ref a)) if a.clusterset == "prod"));
         let cli = Cli::try_parse_from([
             "tether",
             "join",
@@ -203,5 +241,20 @@ mod tests {
         assert!(Cli::try_parse_from(["tether", "init", "--clusterset", "p", "--token-ttl", "soon"]).is_err());
         assert!(Cli::try_parse_from(["tether", "status", "-o", "xml"]).is_err());
         assert!(Cli::try_parse_from(["tether", "completions", "bash"]).is_ok());
+        let cli = Cli::try_parse_from(["tether", "--cluster", "east", "--", "get", "ns", "-A"]).unwrap();
+        assert_eq!(cli.cluster.as_deref(), Some("east"));
+        assert_eq!(cli.kubectl, ["get", "ns", "-A"]);
+        assert!(cli.command.is_none());
+        assert!(
+            Cli::try_parse_from(["tether", "--cluster", "east"]).is_err(),
+            "--cluster needs kubectl arguments"
+        );
+        assert!(Cli::try_parse_from(["tether", "--in-clusterset", "prod", "--", "get"]).is_err());
+        let cli = Cli::try_parse_from(["tether", "kubeconfig", "--cluster", "east", "-o", "e.yaml"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Kubeconfig(ref a)) if a.cluster == "east"));
+        assert!(
+            Cli::try_parse_from(["tether", "kubeconfig"]).is_err(),
+            "--cluster is required"
+        );
     }
 }

@@ -199,12 +199,16 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         .await
         .context("cannot find Kubernetes credentials: run in a pod or set KUBECONFIG")?;
     let api_server_url = config.cluster_url.to_string();
-    let mut bare = config.clone();
+    // NB: proxied requests are not retried here: a 429 or 503 of the member goes back to the
+    // caller, who decides (and a request body is not replayed).
+    let mut forward = config.clone();
+    forward.default_retry = false;
+    let mut bare = forward.clone();
     bare.auth_info = kube::config::AuthInfo::default();
     let client = kube::Client::try_from(config).context("cannot build a Kubernetes client")?;
     let access = if args.tunnel {
         Some(tether_agent::tunnel::MemberAccess {
-            agent: client.clone(),
+            agent: kube::Client::try_from(forward).context("cannot build a Kubernetes client")?,
             bare: kube::Client::try_from(bare).context("cannot build a Kubernetes client")?,
             allow: tether_tunnel::identity::AllowList {
                 users: args

@@ -170,7 +170,8 @@ impl Fleet {
             name: name.to_string(),
             namespace: ns.to_string(),
             announce: Api::namespaced(client.clone(), ns),
-            cluster: Api::namespaced(client, ns),
+            cluster: Api::namespaced(client.clone(), ns),
+            client,
             interval: Duration::from_secs(10),
             stats: self.stats.clone(),
         };
@@ -227,6 +228,7 @@ pub struct Member {
     /// The heartbeat interval the leader asked for last.
     pub interval: Duration,
     stats: Arc<Stats>,
+    client: Client,
 }
 
 impl Member {
@@ -286,6 +288,23 @@ impl Member {
                 self.interval = interval;
             }
             next = jittered(self.interval);
+        }
+    }
+
+    /// Keeps the member's tunnel attached to the leader through the agent's own tunnel code
+    /// (until the task is dropped). NB: a simulated member has no API server of its own; a
+    /// request through its tunnel would reach the leader's API server as the member itself.
+    pub fn tunnel(&self, set: &str) -> impl std::future::Future<Output = ()> + Send + use<> {
+        let (_keep, rx) = tokio::sync::watch::channel(self.client.clone());
+        let access = tether_agent::tunnel::MemberAccess {
+            agent: self.client.clone(),
+            bare: self.client.clone(),
+            allow: Default::default(),
+        };
+        let (set, ns, name) = (set.to_string(), self.namespace.clone(), self.name.clone());
+        async move {
+            let _keep = _keep;
+            let _ = tether_agent::tunnel::run(rx, access, set, ns, name).await;
         }
     }
 

@@ -40,6 +40,13 @@ struct Args {
     /// Deregister every member on exit.
     #[arg(long)]
     leave: bool,
+    /// Also keep each member's tunnel attached (member access), starting this long after all
+    /// members joined (e.g. 0s); default: no tunnels.
+    #[arg(long, value_parser = tether_api::duration::parse)]
+    tunnels_after: Option<Duration>,
+    /// The ClusterSet the members join (the prefix of impersonated names).
+    #[arg(long, default_value = "prod")]
+    clusterset: String,
     /// Exit after this long heartbeating (e.g. 10m); default: until Ctrl-C.
     #[arg(long, value_parser = tether_api::duration::parse)]
     duration: Option<Duration>,
@@ -81,7 +88,11 @@ async fn run(args: Args) -> Result<(), tether_sim::Error> {
     let cancel = CancellationToken::new();
     let mut tasks = Vec::with_capacity(n);
     let mut usable = Vec::with_capacity(n);
+    let mut tunnels = Vec::new();
     join_all(&fleet, names, args.concurrency as usize, |member, timings| {
+        if args.tunnels_after.is_some() {
+            tunnels.push(member.tunnel(&args.clusterset));
+        }
         tasks.push(tokio::spawn(member.heartbeat_until(cancel.clone())));
         usable.push(timings.usable);
         let k = usable.len();
@@ -105,6 +116,15 @@ async fn run(args: Args) -> Result<(), tether_sim::Error> {
         quantile(&usable, 0.99).as_secs_f64() * 1000.0
     );
 
+    let tunnel_tasks = args.tunnels_after.map(|after| {
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let n = tunnels.len();
+            let running: Vec<_> = tunnels.into_iter().map(tokio::spawn).collect();
+            println!("tunnels: {n} started");
+            futures::future::join_all(running).await;
+        })
+    });
     let stats = fleet.stats.clone();
     let report = {
         let stats = Arc::clone(&stats);
@@ -137,6 +157,9 @@ async fn run(args: Args) -> Result<(), tether_sim::Error> {
     }
     cancel.cancel();
     report.abort();
+    if let Some(t) = tunnel_tasks {
+        t.abort();
+    }
     let mut members = Vec::with_capacity(tasks.len());
     for t in tasks {
         if let Ok(m) = t.await {

@@ -164,7 +164,16 @@ impl Node {
         lab::ip(&[
             "link", "add", &host_end, "type", "veth", "peer", "name", "eth0", "netns", &pid,
         ])?;
-        lab::ip(&["link", "set", &host_end, "master", lab::BRIDGE, "up"])
+        lab::ip(&["link", "set", &host_end, "master", lab::BRIDGE, "up"])?;
+        // Pod IPs are reachable from the lab (the API servers), as on a routed pod network:
+        // the aggregator reaches an APIService's pod endpoints, a service proxy its pods.
+        lab::ip(&[
+            "route",
+            "replace",
+            &format!("10.244.{index}.0/24"),
+            "via",
+            &self.ip.to_string(),
+        ])
     }
 
     /// The node's name.

@@ -1,0 +1,187 @@
+//! Member access from wherever an admin already reaches the leader: a kubeconfig whose server is
+//! a member's proxy path on the leader (`tether kubeconfig --cluster east`), and kubectl run
+//! through it (`tether --cluster east -- get ns`). The credentials stay the leader's own: the
+//! leader's RBAC on `managedclusters/proxy` decides who gets through, the member's RBAC decides
+//! what they may do there. Nothing is stored anywhere else.
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, bail};
+use kube::api::{Api, ListParams};
+use kube::config::{Kubeconfig, NamedContext};
+use kube::{ResourceExt, core::ObjectList};
+use tether_api::{ManagedCluster, labels};
+
+use crate::cluster::Target;
+
+/// `tether kubeconfig`.
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Examples:\n  tether kubeconfig --cluster east > east.kubeconfig\n  \
+                        kubectl --kubeconfig east.kubeconfig get pods -A\n  \
+                        tether --cluster east -- get pods -A        # the same in one step"
+)]
+pub struct KubeconfigArgs {
+    /// The member (its ManagedCluster name).
+    #[arg(long, value_name = "MEMBER")]
+    pub cluster: String,
+    /// The ClusterSet, when several sets have a member of that name.
+    #[arg(long)]
+    pub clusterset: Option<String>,
+    /// Write the kubeconfig here (mode 0600) instead of printing it.
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+}
+
+/// The ManagedCluster `name` (in `set`, if given) on the leader.
+async fn find_member(target: &Target, name: &str, set: Option<&str>) -> anyhow::Result<ManagedCluster> {
+    let client = target.client().await?;
+    let mut selector = format!("{}={name}", labels::CLUSTER_NAME);
+    if let Some(set) = set {
+        selector.push_str(&format!(",{}={set}", labels::CLUSTER_SET));
+    }
+    let found: ObjectList<ManagedCluster> = Api::<ManagedCluster>::all(client)
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .context("cannot list ManagedClusters: is this the leader, and may you list mcls?")?;
+    let mut items = found.items;
+    match (items.pop(), items.is_empty()) {
+        (None, _) => bail!(
+            "no member {name:?} on this leader{}: `tether status` lists the members",
+            set.map(|s| format!(" in ClusterSet {s}")).unwrap_or_default()
+        ),
+        (Some(one), true) => Ok(one),
+        (Some(last), false) => {
+            let sets: Vec<String> = items
+                .iter()
+                .chain(std::iter::once(&last))
+                .map(|m| m.spec.cluster_set.clone())
+                .collect();
+            bail!(
+                "member {name:?} is in several ClusterSets ({}): pass --clusterset",
+                sets.join(", ")
+            )
+        }
+    }
+}
+
+/// A kubeconfig that reaches member `name` through the leader with the current credentials.
+pub async fn member_kubeconfig(target: &Target, name: &str, set: Option<&str>) -> anyhow::Result<Kubeconfig> {
+    let mc = find_member(target, name, set).await?;
+    let namespace = mc.namespace().unwrap_or_default();
+    let raw = match &target.kubeconfig {
+        Some(path) => Kubeconfig::read_from(path)
+            .with_context(|| format!("cannot read kubeconfig {}", path.display()))?,
+        None => {
+            Kubeconfig::read().context("cannot read the kubeconfig: pass --kubeconfig or set KUBECONFIG")?
+        }
+    };
+    let ctx_name = target
+        .context
+        .clone()
+        .or_else(|| raw.current_context.clone())
+        .context("the kubeconfig has no current context: pass --context")?;
+    let ctx = raw
+        .contexts
+        .iter()
+        .find(|c| c.name == ctx_name)
+        .and_then(|c| c.context.clone())
+        .with_context(|| format!("no context {ctx_name:?} in the kubeconfig"))?;
+    let mut cluster = raw
+        .clusters
+        .iter()
+        .find(|c| c.name == ctx.cluster)
+        .cloned()
+        .with_context(|| format!("no cluster {:?} in the kubeconfig", ctx.cluster))?;
+    let user = ctx
+        .user
+        .as_ref()
+        .and_then(|u| raw.auth_infos.iter().find(|a| &a.name == u))
+        .cloned();
+    let entry = format!("tether-{}-{name}", mc.spec.cluster_set);
+    if let Some(c) = cluster.cluster.as_mut() {
+        let server = c
+            .server
+            .clone()
+            .context("the leader's kubeconfig entry has no server")?;
+        c.server = Some(format!(
+            "{}{}",
+            server.trim_end_matches('/'),
+            tether_tunnel::proxy_path(&namespace, name)
+        ));
+    }
+    cluster.name = entry.clone();
+    let mut context = ctx.clone();
+    context.cluster = entry.clone();
+    context.namespace = None;
+    Ok(Kubeconfig {
+        clusters: vec![cluster],
+        auth_infos: user.into_iter().collect(),
+        contexts: vec![NamedContext {
+            name: entry.clone(),
+            context: Some(context),
+            other: Default::default(),
+        }],
+        current_context: Some(entry),
+        ..Kubeconfig::default()
+    })
+}
+
+fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    f.write_all(text.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// `tether kubeconfig --cluster <member>`.
+pub async fn kubeconfig(target: &Target, args: KubeconfigArgs) -> anyhow::Result<()> {
+    let kc = member_kubeconfig(target, &args.cluster, args.clusterset.as_deref()).await?;
+    let text = serde_norway::to_string(&kc).context("cannot write the kubeconfig")?;
+    match args.output {
+        Some(path) => {
+            write_private(&path, &text)?;
+            eprintln!(
+                "wrote {} (context {:?})",
+                path.display(),
+                kc.current_context.unwrap_or_default()
+            );
+        }
+        None => print!("{text}"),
+    }
+    Ok(())
+}
+
+/// `tether --cluster <member> -- <kubectl args>`: kubectl through the leader; its exit code.
+pub async fn kubectl(
+    target: &Target,
+    member: &str,
+    set: Option<&str>,
+    args: &[String],
+) -> anyhow::Result<i32> {
+    let kc = member_kubeconfig(target, member, set).await?;
+    let text = serde_norway::to_string(&kc).context("cannot write the kubeconfig")?;
+    let dir = tempfile::tempdir().context("cannot create a temporary folder")?;
+    let path = dir.path().join("kubeconfig");
+    write_private(&path, &text)?;
+    let kubectl = std::env::var_os("KUBECTL").unwrap_or_else(|| "kubectl".into());
+    let status = tokio::process::Command::new(&kubectl)
+        .arg(format!("--kubeconfig={}", path.display()))
+        .args(args)
+        .status()
+        .await
+        .with_context(|| {
+            format!(
+                "cannot run {}: install kubectl or set KUBECTL",
+                kubectl.to_string_lossy()
+            )
+        })?;
+    Ok(status.code().unwrap_or(1))
+}
