@@ -3,7 +3,7 @@ SHELL := /usr/bin/env bash
 CARGO ?= cargo
 export CARGO_TERM_PROGRESS_WHEN ?= auto
 
-.PHONY: help demo demo-down tools image generate check-generated fmt lint build test bench bench-leader bench-agent soak bench-costs clean-tools
+.PHONY: help demo demo-down tools image generate check-generated fmt lint build test bench bench-leader bench-agent soak bench-costs bench-proxy clean-tools
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -66,3 +66,7 @@ bench-agent: tools ## Benchmark: agent RSS/CPU at idle with 100 nodes, writes pe
 
 clean-tools: ## Remove .tools (the version-keyed cache in ~/.cache/tether stays)
 	rm -rf .tools
+
+bench-proxy: tools ## Benchmark: member access, proxy vs direct (latency, large list, a stalled reader) and leader cost per idle tunnel (N=1000); needs root
+	$(CARGO) build --locked --release -p tether-controller
+	TETHER_BIN_DIR=$(CURDIR)/target/release $(CARGO) run --locked --release -q -p tether-e2e --example proxy_bench -- $(or $(N),1000)

@@ -2,6 +2,7 @@
 //! can send what the Rust types would refuse to build), API error inspection, RBAC set-up, and
 //! (`sim`) a leader with simulated members.
 
+pub mod access;
 pub mod fleet;
 pub mod pods;
 pub mod scale;

@@ -916,10 +916,10 @@ impl Cpu {
 }
 
 /// `USER_HZ`: Linux reports process times in 1/100 s.
-const CLOCK_TICKS: f64 = 100.0;
+pub const CLOCK_TICKS: f64 = 100.0;
 
 /// utime + stime of `pid`, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
+pub fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // NB: the command name (field 2) may contain spaces; fields after its ')' are fixed.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
@@ -930,7 +930,7 @@ fn cpu_ticks(pid: u32) -> u64 {
 }
 
 /// A memory figure (`VmRSS`, `VmHWM`) of `pid` in MiB.
-pub(crate) fn rss_mib(pid: u32, field: &str) -> f64 {
+pub fn rss_mib(pid: u32, field: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()

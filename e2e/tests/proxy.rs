@@ -18,11 +18,11 @@ use http::{Request, StatusCode};
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Endpoints, Namespace, ServiceAccount};
 use kube::api::{Api, ObjectMeta, PostParams, WatchEvent, WatchParams};
-use kube::{Client, Config, ResourceExt};
+use kube::{Client, ResourceExt};
 use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::json;
-use tether_api::conditions::{ConditionType, find};
-use tether_e2e::fleet::{self, LeaderSide, MemberSide, managed};
+use tether_e2e::access::{apply, get, grant_proxy, through, wait_tunnel};
+use tether_e2e::fleet::{self, LeaderSide, MemberSide};
 use tether_e2e::sim::{join_token, ns_of};
 use tether_testkit::{TestCluster, eventually, free_port, lab};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -276,72 +276,6 @@ async fn member_access() {
     drop(east);
 }
 
-/// Waits until member `name`'s TunnelConnected condition is `status`.
-async fn wait_tunnel(leader: &LeaderSide, name: &str, status: &str) {
-    eventually(
-        &format!("{name}: TunnelConnected={status}"),
-        Duration::from_secs(60),
-        || async {
-            let mc = managed(&leader.admin, name).await?;
-            let c = mc
-                .status
-                .as_ref()
-                .and_then(|s| find(&s.conditions, ConditionType::TunnelConnected).cloned());
-            match c {
-                Some(c) if c.status == status => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        },
-    )
-    .await;
-}
-
-async fn apply(client: &Client, ns: Option<&str>, value: serde_json::Value) {
-    let obj: kube::api::DynamicObject = serde_json::from_value(value.clone()).expect("object");
-    let gvk = kube::core::GroupVersionKind::try_from(obj.types.as_ref().expect("types")).expect("gvk");
-    let (ar, _) = kube::discovery::pinned_kind(client, &gvk)
-        .await
-        .expect("discover kind");
-    let api = match ns {
-        Some(ns) => Api::<kube::api::DynamicObject>::namespaced_with(client.clone(), ns, &ar),
-        None => Api::<kube::api::DynamicObject>::all_with(client.clone(), &ar),
-    };
-    api.patch(
-        &obj.name_any(),
-        &kube::api::PatchParams::apply("tether-e2e").force(),
-        &kube::api::Patch::Apply(value),
-    )
-    .await
-    .expect("apply");
-}
-
-/// Lets `users` call managedclusters/proxy on member `name` (a leader-side Role).
-async fn grant_proxy(leader: &LeaderSide, name: &str, users: &[&str]) {
-    let ns = ns_of(name);
-    apply(
-        &leader.admin,
-        Some(&ns),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-        "metadata": {"name": "member-proxy", "namespace": ns},
-        "rules": [{"apiGroups": [tether_tunnel::GROUP], "resources": ["managedclusters/proxy"],
-                   "verbs": ["get", "create", "update", "patch", "delete"]}]}),
-    )
-    .await;
-    let subjects: Vec<_> = users
-        .iter()
-        .map(|u| json!({"kind": "User", "name": u, "apiGroup": "rbac.authorization.k8s.io"}))
-        .collect();
-    apply(
-        &leader.admin,
-        Some(&ns),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": "member-proxy", "namespace": ns},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "member-proxy"},
-        "subjects": subjects}),
-    )
-    .await;
-}
-
 /// A misconfiguration: the agent ServiceAccount of `other_ns` may attach member `name` too.
 async fn grant_attach(leader: &LeaderSide, name: &str, other_ns: &str) {
     let ns = ns_of(name);
@@ -416,42 +350,10 @@ async fn leader_sa_token(leader: &LeaderSide, ns: &str) -> String {
         .token
 }
 
-/// A client of leader user `user` whose requests go to member `name` through the proxy.
-async fn through(leader: &LeaderSide, user: &str, group: Option<&str>, name: &str) -> Client {
-    let mut config: Config = leader
-        .cluster
-        .user_config(user, group)
-        .await
-        .expect("user config");
-    let base = format!(
-        "{}{}",
-        leader.cluster.url(),
-        tether_tunnel::proxy_path(&ns_of(name), name)
-    );
-    config.cluster_url = base.parse().expect("url");
-    // NB: as kubectl does, take a 503 as an answer instead of retrying it.
-    config.default_retry = false;
-    Client::try_from(config).expect("client")
-}
-
 async fn list_namespaces(c: &Client) -> Result<Vec<String>, (u16, String)> {
     let text = get(c, "/api/v1/namespaces", &[]).await?;
     let list: k8s_openapi::List<Namespace> = serde_json::from_str(&text).map_err(|e| (0, e.to_string()))?;
     Ok(list.items.iter().map(|n| n.name_any()).collect())
-}
-
-/// GET `path` with extra headers; an error is (code, message).
-async fn get(c: &Client, path: &str, headers: &[(&str, &str)]) -> Result<String, (u16, String)> {
-    let mut req = Request::get(path);
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    c.request_text(req.body(Vec::new()).expect("request"))
-        .await
-        .map_err(|e| match e {
-            kube::Error::Api(s) => (s.code, s.message),
-            other => (0, other.to_string()),
-        })
 }
 
 /// Tries to attach member `name`'s tunnel with `token`; returns the status and body.
