@@ -60,7 +60,18 @@ async fn up(repo: &Path, root: &Path) {
 
     let fleet = pods::up(Some(root), &[("east", Helm::v4()), ("west", Helm::v4())], start).await;
     let leader = &fleet.leader;
-    for cmd in ["kubectl get clusterset -A", "kubectl get mcls -A -o wide"] {
+    step(
+        start,
+        "member access: the leader's admin may view each member through the leader",
+    );
+    for (name, cluster, helm) in &fleet.members {
+        pods::allow_leader_admin(leader, name, cluster, helm, "view").await;
+    }
+    for cmd in [
+        "kubectl get clusterset -A",
+        "kubectl get mcls -A -o wide",
+        "tether --cluster east -- get pods -A",
+    ] {
         println!("\n$ {cmd}\n{}", pods::text(&pods::shell(leader, cmd)));
     }
     let clusters: Vec<&TestCluster> = std::iter::once(leader)
@@ -103,6 +114,9 @@ async fn up(repo: &Path, root: &Path) {
     println!("  kubectl --context leader get mcls -A -w          # live member status");
     println!("  kubectl --context east -n tether-system logs deploy/tether-agent");
     println!("  tether --context leader status");
+    println!(
+        "  tether --context leader --cluster west -- get nodes   # kubectl to a member, through the leader"
+    );
     println!("  helm --kube-context west -n tether-system uninstall tether-agent   # west leaves");
     println!(
         "Stop it: make demo-down\nTotal time: {:.0}s",

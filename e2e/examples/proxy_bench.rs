@@ -15,14 +15,14 @@ use std::time::{Duration, Instant};
 
 use http::Request;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use kube::api::{Api, ObjectMeta, PostParams};
 use kube::Client;
+use kube::api::{Api, ObjectMeta, PostParams};
 use serde_json::json;
 use tether_e2e::access::{apply, grant_proxy, through, wait_tunnel};
 use tether_e2e::fleet;
-use tether_e2e::scale::{CLOCK_TICKS, cpu_ticks, rss_mib};
+use tether_e2e::scale::{CLOCK_TICKS, cpu_ticks, rss_mib, sim_join};
 use tether_e2e::sim::{HOME, join_token};
-use tether_sim::{Fleet, Join, join_all, quantile};
+use tether_sim::{Fleet, join_all, quantile};
 use tether_testkit::{TestCluster, free_port, lab};
 
 fn main() -> ExitCode {
@@ -30,7 +30,10 @@ fn main() -> ExitCode {
         eprintln!("error: the proxy benchmark needs its lab network namespace: {err}");
         return ExitCode::FAILURE;
     }
-    let tunnels: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(1000);
+    let tunnels: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1000);
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -54,7 +57,10 @@ async fn timed_get(c: &Client, path: &str) -> Duration {
 }
 
 async fn bench(tunnels: usize) {
-    let cluster = TestCluster::builder("leader").start().await.expect("leader cluster");
+    let cluster = TestCluster::builder("leader")
+        .start()
+        .await
+        .expect("leader cluster");
     let addr = std::net::SocketAddr::from((lab::GATEWAY, free_port().expect("port")));
     let leader = fleet::leader_with_proxy(
         cluster,
@@ -64,7 +70,8 @@ async fn bench(tunnels: usize) {
     )
     .await;
     let token = join_token(&leader.admin).await;
-    let east = fleet::member_with_args("east", &leader, &token, json!({}), &["--impersonate-users=bench"]).await;
+    let east =
+        fleet::member_with_args("east", &leader, &token, json!({}), &["--impersonate-users=bench"]).await;
     wait_tunnel(&leader, "east", "True").await;
     grant_proxy(&leader, "east", &["bench"]).await;
     apply(&east.admin, None, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
@@ -82,7 +89,11 @@ async fn bench(tunnels: usize) {
     }
     // The same identity both ways: direct as tether:prod:bench (a client certificate of east),
     // proxied as leader user bench, impersonated as tether:prod:bench by the agent.
-    let direct = east.cluster.user_client("tether:prod:bench", None).await.expect("direct client");
+    let direct = east
+        .cluster
+        .user_client("tether:prod:bench", None)
+        .await
+        .expect("direct client");
     let proxied = through(&leader, "bench", None, "east").await;
     println!("machine: {} cores, {}", num_cpus(), mem_total());
 
@@ -142,6 +153,8 @@ async fn bench(tunnels: usize) {
         let req = Request::get(list).body(Vec::new()).expect("request");
         direct.request_text(req).await.expect("list").len() as f64 / (1024.0 * 1024.0)
     };
+    let pid = leader.controller.pid();
+    let hwm_before = rss_mib(pid, "VmHWM");
     let mut rates = (Vec::new(), Vec::new());
     for _ in 0..5 {
         rates.0.push(size / timed_get(&direct, list).await.as_secs_f64());
@@ -156,6 +169,10 @@ async fn bench(tunnels: usize) {
         "large list ({size:.1} MiB, median of 5): direct {rd:.1} MiB/s, proxy {rp:.1} MiB/s ({:.0} % of direct)",
         100.0 * rp / rd
     );
+    println!(
+        "leader memory while streaming: peak RSS {hwm_before:.1} MiB before the lists, {:.1} MiB after ten {size:.1} MiB lists",
+        rss_mib(pid, "VmHWM")
+    );
 
     // 3. A stalled reader beside a second stream.
     let mut before = Vec::new();
@@ -164,7 +181,11 @@ async fn bench(tunnels: usize) {
     }
     before.sort();
     let stalled = proxied
-        .send(Request::get(list).body(kube::client::Body::empty()).expect("request"))
+        .send(
+            Request::get(list)
+                .body(kube::client::Body::empty())
+                .expect("request"),
+        )
         .await
         .expect("stalled list");
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -182,7 +203,6 @@ async fn bench(tunnels: usize) {
     );
 
     // 4. Idle tunnels at the leader.
-    let pid = leader.controller.pid();
     let window = Duration::from_secs(60);
     let measure = || async move {
         let (t0, c0) = (Instant::now(), cpu_ticks(pid));
@@ -190,17 +210,13 @@ async fn bench(tunnels: usize) {
         let cpu = (cpu_ticks(pid) - c0) as f64 / CLOCK_TICKS / t0.elapsed().as_secs_f64();
         (rss_mib(pid, "VmRSS"), cpu)
     };
-    let join = Join {
-        leader_url: leader.cluster.url().to_string(),
-        ca_cert_hash: leader.cluster.ca_cert_hash().to_string(),
-        token: token.token(),
-        namespace: HOME.into(),
-        registration_timeout: Duration::from_secs(900),
-    };
+    let join = sim_join(&leader, &token);
     let sim = Fleet::connect(join).await.expect("connect the simulated fleet");
     let mut members = Vec::new();
     let names = (0..tunnels).map(|i| format!("idle-{i:05}")).collect();
-    join_all(&sim, names, 50, |m, _| members.push(m)).await.expect("simulated members join");
+    join_all(&sim, names, 50, |m, _| members.push(m))
+        .await
+        .expect("simulated members join");
     tokio::time::sleep(Duration::from_secs(10)).await;
     let (rss0, cpu0) = measure().await;
     let started: Vec<_> = members.iter().map(|m| tokio::spawn(m.tunnel("prod"))).collect();
@@ -216,7 +232,12 @@ async fn bench(tunnels: usize) {
                     .filter(|m| {
                         m.status
                             .as_ref()
-                            .and_then(|s| tether_api::conditions::find(&s.conditions, tether_api::conditions::ConditionType::TunnelConnected))
+                            .and_then(|s| {
+                                tether_api::conditions::find(
+                                    &s.conditions,
+                                    tether_api::conditions::ConditionType::TunnelConnected,
+                                )
+                            })
                             .is_some_and(|c| c.status == "True")
                     })
                     .count()
@@ -250,7 +271,13 @@ fn num_cpus() -> usize {
 fn mem_total() -> String {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|m| m.lines().next().map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_string()))
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_string())
+        })
         .and_then(|kib| kib.parse::<f64>().ok())
-        .map_or("? memory".into(), |kib| format!("{:.0} GiB", kib / 1024.0 / 1024.0))
+        .map_or("? memory".into(), |kib| {
+            format!("{:.0} GiB", kib / 1024.0 / 1024.0)
+        })
 }

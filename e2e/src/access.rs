@@ -112,4 +112,3 @@ pub async fn get(c: &Client, path: &str, headers: &[(&str, &str)]) -> Result<Str
             other => (0, other.to_string()),
         })
 }
-

@@ -198,3 +198,25 @@ pub async fn create_namespace(client: &Client, name: &str) -> Result<(), kube::E
         .await
         .map(drop)
 }
+
+/// The `main` of a test binary whose one test must run in its own lab network namespace (the
+/// node tier, member access): enters the lab before any thread starts, then runs `test` on a
+/// fresh runtime under libtest-mimic, which prints and counts like the standard harness.
+pub fn lab_main<F, Fut>(what: &str, name: &'static str, test: F) -> std::process::ExitCode
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let args = libtest_mimic::Arguments::from_args();
+    if let Err(err) = tether_testkit::lab::enter() {
+        eprintln!("error: {what} cannot run here: {err}");
+        return std::process::ExitCode::FAILURE;
+    }
+    let trial = libtest_mimic::Trial::test(name, move || {
+        tokio::runtime::Runtime::new()
+            .map_err(|e| libtest_mimic::Failed::from(e.to_string()))?
+            .block_on(test());
+        Ok(())
+    });
+    libtest_mimic::run(&args, vec![trial]).exit_code()
+}

@@ -322,3 +322,61 @@ pub async fn up(root: Option<&Path>, members: &[(&str, Helm)], start: Instant) -
         init_output,
     }
 }
+
+/// Lets the leader's admin (`tether-admin`) into member `name` through the leader: the agent's
+/// allow-list (`helm upgrade --set proxy.impersonate.users={tether-admin}`) and `role` bound to
+/// `tether:prod:tether-admin` there. Waits until the new agent pod's tunnel answers
+/// `tether --cluster <name> -- get pods` on the leader; returns that pod's name.
+pub async fn allow_leader_admin(
+    leader: &TestCluster,
+    name: &str,
+    member: &TestCluster,
+    helm: &Helm,
+    role: &str,
+) -> String {
+    helm.ok(
+        member,
+        &[
+            "upgrade",
+            "tether-agent",
+            "charts/tether-agent",
+            "-n",
+            NAMESPACE,
+            "--reuse-values",
+            "--set",
+            "proxy.impersonate.users={tether-admin}",
+            "--wait",
+            "--timeout",
+            "3m",
+        ],
+    );
+    let o = shell(
+        member,
+        &format!(
+            "kubectl create clusterrolebinding leader-admin --clusterrole={role} --user=tether:prod:tether-admin"
+        ),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    eventually(
+        &format!("{name}'s new agent pod answers through the leader"),
+        Duration::from_secs(90),
+        || async {
+            let pods = chart_pods(member, "tether-agent").await;
+            match pods.as_slice() {
+                [(pod, true, _)] => {
+                    let o = shell(
+                        leader,
+                        &format!("tether --cluster {name} -- get pods -n {NAMESPACE} -o name"),
+                    );
+                    if o.status.success() && text(&o).contains(pod.as_str()) {
+                        Ok(pod.clone())
+                    } else {
+                        Err(text(&o))
+                    }
+                }
+                _ => Err(format!("{} agent pods", pods.len())),
+            }
+        },
+    )
+    .await
+}

@@ -444,13 +444,7 @@ async fn start(settings: &Settings) -> Setup {
     let leader = leader_on(cluster, Some(leader_spec)).await;
     let procs = processes(&leader);
     let token = join_token(&leader.admin).await;
-    let join = Join {
-        leader_url: leader.cluster.url().to_string(),
-        ca_cert_hash: leader.cluster.ca_cert_hash().to_string(),
-        token: token.token(),
-        namespace: HOME.into(),
-        registration_timeout: Duration::from_secs(900),
-    };
+    let join = sim_join(&leader, &token);
     let deadline = Instant::now() + Duration::from_secs(30);
     let fleet = loop {
         match Fleet::connect(join.clone()).await {
@@ -999,6 +993,17 @@ pub(crate) fn classify(
         *out.entry(kind.to_string()).or_default() += delta / secs;
     }
     out
+}
+
+/// How `tether-sim`'s fleet joins `leader` with `token` (registrations may wait 15 minutes).
+pub fn sim_join(leader: &LeaderSide, token: &tether_testkit::BootstrapToken) -> Join {
+    Join {
+        leader_url: leader.cluster.url().to_string(),
+        ca_cert_hash: leader.cluster.ca_cert_hash().to_string(),
+        token: token.token(),
+        namespace: HOME.into(),
+        registration_timeout: Duration::from_secs(900),
+    }
 }
 
 #[cfg(test)]

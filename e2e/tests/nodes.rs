@@ -16,29 +16,16 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
-use libtest_mimic::{Arguments, Failed, Trial};
 use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster};
 use tether_e2e::pods::{self, Helm, NAMESPACE, PodFleet, chart_pods, ready_members, shell, step, text};
 use tether_testkit::{TestCluster, eventually};
 
 fn main() -> ExitCode {
-    let args = Arguments::from_args();
-    if let Err(err) = tether_testkit::lab::enter() {
-        eprintln!("error: the node tier cannot run here: {err}");
-        return ExitCode::FAILURE;
-    }
-    let tests = vec![Trial::test(
+    tether_e2e::lab_main(
+        "the node tier",
         "charts_run_as_real_pods_join_fail_over_upgrade_and_uninstall_cleanly",
-        || run(real_pods()),
-    )];
-    libtest_mimic::run(&args, tests).exit_code()
-}
-
-fn run(test: impl std::future::Future<Output = ()>) -> Result<(), Failed> {
-    tokio::runtime::Runtime::new()
-        .map_err(|e| Failed::from(e.to_string()))?
-        .block_on(test);
-    Ok(())
+        real_pods,
+    )
 }
 
 /// UID of every ManagedCluster and the number of registration requests at the leader: a second
@@ -215,50 +202,7 @@ async fn member_access(start: Instant, leader: &TestCluster, members: &[(String,
         start,
         "  east allows the leader's admin: helm upgrade --set proxy.impersonate.users={tether-admin}",
     );
-    helm.ok(
-        east,
-        &[
-            "upgrade",
-            "tether-agent",
-            "charts/tether-agent",
-            "-n",
-            NAMESPACE,
-            "--reuse-values",
-            "--set",
-            "proxy.impersonate.users={tether-admin}",
-            "--wait",
-            "--timeout",
-            "3m",
-        ],
-    );
-    let o = shell(
-        east,
-        "kubectl create clusterrolebinding leader-admin --clusterrole=cluster-admin --user=tether:prod:tether-admin",
-    );
-    assert!(o.status.success(), "{}", text(&o));
-    let agent_pod = eventually(
-        "east's new agent pod is Ready and its tunnel attached",
-        Duration::from_secs(90),
-        || async {
-            let pods = chart_pods(east, "tether-agent").await;
-            let table = text(&shell(leader, "kubectl get mcls -A -o wide"));
-            match pods.as_slice() {
-                [(name, true, _)] if table.matches("TunnelAttached").count() == 2 => {
-                    let o = shell(
-                        leader,
-                        "tether --cluster east -- get pods -n tether-system -o name",
-                    );
-                    if o.status.success() && text(&o).contains(name.as_str()) {
-                        Ok(name.clone())
-                    } else {
-                        Err(text(&o))
-                    }
-                }
-                _ => Err(table),
-            }
-        },
-    )
-    .await;
+    let agent_pod = pods::allow_leader_admin(leader, "east", east, helm, "cluster-admin").await;
     step(start, "  kubectl exec through the leader into east's agent pod");
     let o = shell(
         leader,
@@ -271,12 +215,46 @@ async fn member_access(start: Instant, leader: &TestCluster, members: &[(String,
         "exec: {}",
         text(&o)
     );
-    step(start, "  kubectl logs through the leader");
-    let o = shell(
-        leader,
-        &format!("tether --cluster east -- logs -n {NAMESPACE} {agent_pod} --tail=3"),
+    step(start, "  kubectl logs -f through the leader streams");
+    let mut follow =
+        std::process::Command::new(tether_testkit::controller::binary("tether").expect("tether"))
+            .args([
+                "--cluster",
+                "east",
+                "--",
+                "logs",
+                "-f",
+                "-n",
+                NAMESPACE,
+                &agent_pod,
+                "--tail=1",
+            ])
+            .env("KUBECONFIG", leader.kubeconfig())
+            .env(
+                "KUBECTL",
+                tether_testkit::Tools::locate().expect("tools").path("kubectl"),
+            )
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("logs -f");
+    let stdout = follow.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        if let Some(Ok(line)) = std::io::BufReader::new(stdout).lines().next() {
+            let _ = tx.send(line);
+        }
+    });
+    let first = rx.recv_timeout(Duration::from_secs(30));
+    let still_following = follow.try_wait().ok().flatten().is_none();
+    let _ = follow.kill();
+    let _ = follow.wait();
+    let first = first.expect("logs -f printed the tail line");
+    assert!(
+        !first.is_empty() && still_following,
+        "logs -f streams and keeps following: {first}"
     );
-    assert!(o.status.success() && !o.stdout.is_empty(), "logs: {}", text(&o));
     step(
         start,
         "  kubectl port-forward through the leader to the agent's admin port",
@@ -413,6 +391,26 @@ async fn real_pods() {
         "the standby replica leads: {new_holder}, replicas before {leader_pods:?}, now {now:?}"
     );
     assert_chart_pods(leader, "tether-leader", 2, &image).await;
+    let t = Instant::now();
+    eventually(
+        "east answers through the new leading pod",
+        Duration::from_secs(90),
+        || async {
+            let o = shell(
+                leader,
+                &format!("tether --cluster east -- get pods -n {NAMESPACE} -o name"),
+            );
+            if o.status.success() { Ok(()) } else { Err(text(&o)) }
+        },
+    )
+    .await;
+    step(
+        start,
+        &format!(
+            "  member access back through the new leader {:.1?} after the takeover",
+            t.elapsed()
+        ),
+    );
     // Members stay Ready past a heartbeat grace period with the new leader, and nobody registers again.
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_members_kept(leader, &(ids.clone(), requests), "the failover").await;

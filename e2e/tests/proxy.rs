@@ -19,7 +19,6 @@ use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Endpoints, Namespace, ServiceAccount};
 use kube::api::{Api, ObjectMeta, PostParams, WatchEvent, WatchParams};
 use kube::{Client, ResourceExt};
-use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::json;
 use tether_e2e::access::{apply, get, grant_proxy, through, wait_tunnel};
 use tether_e2e::fleet::{self, LeaderSide, MemberSide};
@@ -28,23 +27,11 @@ use tether_testkit::{TestCluster, eventually, free_port, lab};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn main() -> ExitCode {
-    let args = Arguments::from_args();
-    if let Err(err) = lab::enter() {
-        eprintln!("error: the member-access test cannot run here: {err}");
-        return ExitCode::FAILURE;
-    }
-    let tests = vec![Trial::test(
+    tether_e2e::lab_main(
+        "the member-access test",
         "members_are_reached_through_the_leader_and_their_own_rbac_decides",
-        || run(member_access()),
-    )];
-    libtest_mimic::run(&args, tests).exit_code()
-}
-
-fn run(test: impl std::future::Future<Output = ()>) -> Result<(), Failed> {
-    tokio::runtime::Runtime::new()
-        .map_err(|e| Failed::from(e.to_string()))?
-        .block_on(test);
-    Ok(())
+        member_access,
+    )
 }
 
 fn step(what: &str) {

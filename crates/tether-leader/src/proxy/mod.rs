@@ -180,6 +180,8 @@ async fn serve(
                 Err(e) => { warn!(error = %e, "Accept failed"); continue }
             },
         };
+        // NB: small HTTP/2 frames (a GET, a ping) must not wait for Nagle's delayed ACK.
+        let _ = tcp.set_nodelay(true);
         let (acceptor, shared) = (acceptor.clone(), shared.clone());
         let stop = stop.clone();
         tokio::spawn(async move {
