@@ -589,7 +589,8 @@ async fn kubectl_get_prints_the_designed_columns() {
             "AGE",
             "PLATFORM",
             "AGENT VERSION",
-            "LAST HEARTBEAT"
+            "LAST HEARTBEAT",
+            "TUNNEL"
         ],
         "wide columns of mcls:\n{wide}"
     );
