@@ -115,7 +115,7 @@ async fn up(repo: &Path, root: &Path) {
     println!("  kubectl --context east -n tether-system logs deploy/tether-agent");
     println!("  tether --context leader status");
     println!(
-        "  tether --context leader --cluster west -- get nodes   # kubectl to a member, through the leader"
+        "  tether --context leader --cluster west -- get pods -A   # kubectl to a member, through the leader"
     );
     println!("  helm --kube-context west -n tether-system uninstall tether-agent   # west leaves");
     println!(
