@@ -233,6 +233,23 @@ async fn member_access() {
     }
     drop(io);
 
+    step("an upgrade the member refuses: its answer reaches the caller and the connection closes");
+    let answer = tokio::time::timeout(
+        Duration::from_secs(30),
+        raw_upgrade(
+            &leader,
+            "alice",
+            "east",
+            "/api/v1/namespaces/default/services/http:echo:80/proxy/refuse",
+        ),
+    )
+    .await
+    .expect("the connection closes after a non-101 answer to an upgrade");
+    assert!(
+        answer.starts_with("HTTP/1.1 403") && answer.contains(EchoServer::REFUSAL),
+        "{answer}"
+    );
+
     step("a member whose agent is gone: 503 that names it, TunnelConnected=False");
     west.kill_agent();
     wait_tunnel(&leader, "west", "False").await;
@@ -374,6 +391,41 @@ async fn upgrade(c: &Client, path: &str) -> hyper_util::rt::TokioIo<hyper::upgra
     hyper_util::rt::TokioIo::new(hyper::upgrade::on(&mut resp).await.expect("upgraded"))
 }
 
+/// Sends an upgrade request for member `name`'s `path` as `user` (group devs) on a connection of its own to
+/// the leader's API server, and reads until the server closes it (so a kept-alive connection
+/// hangs the caller's timeout). Returns everything read.
+async fn raw_upgrade(leader: &LeaderSide, user: &str, name: &str, path: &str) -> String {
+    use kube::client::ConfigExt;
+    let config = leader
+        .cluster
+        .user_config(user, Some("devs"))
+        .await
+        .expect("user config");
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(
+        config.rustls_client_config().expect("tls config"),
+    ));
+    let host = config.cluster_url.host().expect("host").to_string();
+    let port = config.cluster_url.port_u16().expect("port");
+    let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+        .await
+        .expect("connect");
+    let server = rustls::pki_types::ServerName::try_from(host.clone()).expect("server name");
+    let mut s = tls.connect(server, tcp).await.expect("tls");
+    let target = format!("{}{path}", tether_tunnel::proxy_path(&ns_of(name), name));
+    s.write_all(
+        format!(
+            "GET {target} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: Upgrade\r\nUpgrade: tether-echo\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("write");
+    let mut out = Vec::new();
+    // NB: a TLS peer may close without close_notify; what was read before counts.
+    let _ = s.read_to_end(&mut out).await;
+    String::from_utf8_lossy(&out).to_string()
+}
+
 /// Service `default/echo` of member `m`, backed by `echo_port` on the lab bridge. NB: the API
 /// server proxies only to endpoints that name a pod with that IP, so a pod object stands for the
 /// echo server (this member has no node: it stays Pending with the lab address as its IP).
@@ -410,13 +462,16 @@ async fn expose_echo(m: &MemberSide, echo_port: u16) {
         .expect("endpoints");
 }
 
-/// A plain-HTTP server that switches any upgrade request to an echo of its bytes.
+/// A plain-HTTP server that switches any upgrade request to an echo of its bytes, except on a
+/// path ending in `/refuse`, which it answers 403 with [`EchoServer::REFUSAL`].
 struct EchoServer {
     port: u16,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl EchoServer {
+    const REFUSAL: &str = "the echo server does not upgrade here";
+
     async fn start() -> Self {
         let listener = tokio::net::TcpListener::bind((lab::GATEWAY, 0))
             .await
@@ -427,6 +482,13 @@ impl EchoServer {
                 tokio::spawn(async move {
                     let svc =
                         hyper::service::service_fn(|mut req: Request<hyper::body::Incoming>| async move {
+                            if req.uri().path().ends_with("/refuse") {
+                                let resp = http::Response::builder()
+                                    .status(StatusCode::FORBIDDEN)
+                                    .body(http_body_util::Full::new(bytes::Bytes::from(Self::REFUSAL)))
+                                    .expect("response");
+                                return Ok::<_, std::convert::Infallible>(resp);
+                            }
                             let on = hyper::upgrade::on(&mut req);
                             tokio::spawn(async move {
                                 if let Ok(up) = on.await {
@@ -438,9 +500,9 @@ impl EchoServer {
                                 .status(StatusCode::SWITCHING_PROTOCOLS)
                                 .header(CONNECTION, "Upgrade")
                                 .header(UPGRADE, "tether-echo")
-                                .body(http_body_util::Empty::<bytes::Bytes>::new())
+                                .body(http_body_util::Full::new(bytes::Bytes::new()))
                                 .expect("response");
-                            Ok::<_, std::convert::Infallible>(resp)
+                            Ok(resp)
                         });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)

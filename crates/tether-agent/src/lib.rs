@@ -288,7 +288,7 @@ async fn leave(ctx: &Context, set: &ClusterSet) -> Result<(), Error> {
             discovery::Trust::Ca(stored.credential.ca_cert.clone())
         };
         let config = discovery::leader_config(&spec.leader_url, &trust, Some(&stored.credential.token))?;
-        let client = Client::try_from(config).map_err(|source| Error::Leader {
+        let client = discovery::leader_client(config).map_err(|source| Error::Leader {
             op: "build client",
             source,
         })?;

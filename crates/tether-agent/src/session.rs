@@ -131,12 +131,11 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
             .await;
             let token = join_token(ctx, spec).await?;
             let bootstrap =
-                Client::try_from(discovery::leader_config(&spec.leader_url, &trust, Some(&token))?).map_err(
-                    |source| Error::Leader {
-                        op: "build client",
-                        source,
-                    },
-                )?;
+                discovery::leader_client(discovery::leader_config(&spec.leader_url, &trust, Some(&token))?)
+                    .map_err(|source| Error::Leader {
+                    op: "build client",
+                    source,
+                })?;
             let reg = Registration {
                 cluster_id: &cluster_id,
                 cluster_name: &spec.cluster_name,
@@ -238,7 +237,7 @@ fn expired(s: &Stored) -> bool {
 
 pub(crate) fn leader_client(spec: &MemberSpec, trust: &Trust, s: &Stored) -> Result<Client, Error> {
     let config = discovery::leader_config(&spec.leader_url, trust, Some(&s.credential.token))?;
-    Client::try_from(config).map_err(|source| Error::Leader {
+    discovery::leader_client(config).map_err(|source| Error::Leader {
         op: "build client",
         source,
     })

@@ -123,10 +123,16 @@ impl Fleet {
         let pem = discovery::fetch_leader_ca(&join.leader_url, &pin).await?;
         let trust = Trust::Ca(pem);
         let config = discovery::leader_config(&join.leader_url, &trust, None)?;
-        let connector = config.rustls_https_connector().map_err(|source| Error::Leader {
-            op: "build TLS connector",
-            source,
-        })?;
+        // NB: TCP_NODELAY as on the agent's own leader connections (discovery::leader_client).
+        let mut tcp = HttpConnector::new();
+        tcp.enforce_http(false);
+        tcp.set_nodelay(true);
+        let connector = config
+            .rustls_https_connector_with_connector(tcp)
+            .map_err(|source| Error::Leader {
+                op: "build TLS connector",
+                source,
+            })?;
         let http = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector);
         let bootstrap = client(&join.leader_url, &trust, &http, &join.token)?;
         Ok(Self {
