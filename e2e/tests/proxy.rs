@@ -157,6 +157,48 @@ async fn member_access() {
         "{err:?}"
     );
 
+    step("pass-through from kubectl: tether --cluster east --member-token-file");
+    // NB: the CLI finds the member's namespace by listing ManagedClusters, as fleet users may.
+    apply(&leader.admin, None, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "mcls-viewer"},
+        "rules": [{"apiGroups": [tether_api::GROUP], "resources": ["managedclusters"], "verbs": ["get", "list"]}]})).await;
+    apply(
+        &leader.admin,
+        None,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "mcls-viewer"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "mcls-viewer"},
+        "subjects": [{"kind": "User", "name": "carol", "apiGroup": "rbac.authorization.k8s.io"}]}),
+    )
+    .await;
+    let carol_kubeconfig = leader.cluster.dir().join("carol.kubeconfig");
+    leader
+        .cluster
+        .write_user_kubeconfig("carol", None, &carol_kubeconfig)
+        .expect("carol's kubeconfig");
+    let token_file = |name: &str, token: &str| {
+        let path = leader.cluster.dir().join(format!("{name}.token"));
+        std::fs::write(&path, token).expect("token file");
+        path
+    };
+    let o = kubectl_through(
+        &carol_kubeconfig,
+        &token_file("reader", &reader),
+        &["get", "ns", "-o", "name"],
+    );
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("namespace/kube-system"),
+        "{o:?}"
+    );
+    let o = kubectl_through(&carol_kubeconfig, &token_file("nobody", &nobody), &["get", "ns"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && stderr.contains("forbidden")
+            && stderr.contains("system:serviceaccount:default:nobody"),
+        "{o:?}"
+    );
+
     step("agent west cannot serve east's tunnel");
     let west_token = leader_sa_token(&leader, &ns_of("west")).await;
     let (code, body) = attach_as(&leader, &west_token, "east").await;
@@ -278,6 +320,26 @@ async fn member_access() {
     eprintln!("member access back {back:.1?} after the leading replica was killed (lease 4 s)");
     step("done");
     drop(east);
+}
+
+/// `tether --cluster east --member-token-file <token> -- <args>` with `kubeconfig` for the leader.
+fn kubectl_through(
+    kubeconfig: &std::path::Path,
+    token: &std::path::Path,
+    args: &[&str],
+) -> std::process::Output {
+    std::process::Command::new(tether_testkit::controller::binary("tether").expect("tether"))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(["--cluster", "east", "--member-token-file"])
+        .arg(token)
+        .arg("--")
+        .args(args)
+        .env(
+            "KUBECTL",
+            tether_testkit::Tools::locate().expect("tools").path("kubectl"),
+        )
+        .output()
+        .expect("tether --cluster east")
 }
 
 /// A misconfiguration: the agent ServiceAccount of `other_ns` may attach member `name` too.

@@ -13,6 +13,16 @@ use kube::{ResourceExt, core::ObjectList};
 use tether_api::{ManagedCluster, labels};
 
 use crate::cluster::Target;
+use crate::passthrough;
+
+/// Stops a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 /// `tether kubeconfig`.
 #[derive(clap::Args, Debug)]
@@ -159,14 +169,43 @@ pub async fn kubeconfig(target: &Target, args: KubeconfigArgs) -> anyhow::Result
     Ok(())
 }
 
-/// `tether --cluster <member> -- <kubectl args>`: kubectl through the leader; its exit code.
+/// A kubeconfig for kubectl against the local pass-through endpoint `e`.
+fn local_kubeconfig(e: &passthrough::Endpoint, name: &str) -> anyhow::Result<Kubeconfig> {
+    use base64::Engine as _;
+    let ca = base64::engine::general_purpose::STANDARD.encode(&e.ca_pem);
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: {name}\n  cluster:\n    server: {}\n    \
+         certificate-authority-data: {ca}\nusers:\n- name: {name}\n  user:\n    token: {}\n\
+         contexts:\n- name: {name}\n  context:\n    cluster: {name}\n    user: {name}\n\
+         current-context: {name}\n",
+        e.server, e.token
+    );
+    Kubeconfig::from_yaml(&text).context("cannot build the local kubeconfig")
+}
+
+/// `tether --cluster <member> [--member-token-file F] -- <kubectl args>`: kubectl through the
+/// leader, as the leader identity or (with a member token) passing that token through; its
+/// exit code.
 pub async fn kubectl(
     target: &Target,
     member: &str,
     set: Option<&str>,
+    member_token: Option<&std::path::Path>,
     args: &[String],
 ) -> anyhow::Result<i32> {
-    let kc = member_kubeconfig(target, member, set).await?;
+    let mut local = None;
+    let kc = match member_token {
+        None => member_kubeconfig(target, member, set).await?,
+        Some(file) => {
+            let token = passthrough::read_member_token(file)?;
+            let mc = find_member(target, member, set).await?;
+            let base = tether_tunnel::proxy_path(&mc.namespace().unwrap_or_default(), member);
+            let (endpoint, task) = passthrough::start(target.client().await?, base, &token).await?;
+            local = Some(task);
+            local_kubeconfig(&endpoint, &format!("tether-{}-{member}", mc.spec.cluster_set))?
+        }
+    };
+    let _stop = local.map(AbortOnDrop);
     let text = serde_norway::to_string(&kc).context("cannot write the kubeconfig")?;
     let dir = tempfile::tempdir().context("cannot create a temporary folder")?;
     let path = dir.path().join("kubeconfig");

@@ -8,6 +8,7 @@ pub mod join;
 pub mod leader;
 pub mod leave;
 pub mod output;
+pub mod passthrough;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -48,6 +49,10 @@ pub struct Cli {
     /// With --cluster: the ClusterSet, when several sets have a member of that name.
     #[arg(long = "in-clusterset", value_name = "SET", requires = "cluster")]
     pub in_clusterset: Option<String>,
+    /// With --cluster: pass this member token through (a file holding a bearer token of the
+    /// member cluster), so the member's RBAC decides as that token, not as your leader identity.
+    #[arg(long, value_name = "FILE", requires = "cluster")]
+    pub member_token_file: Option<std::path::PathBuf>,
     /// With --cluster: the kubectl arguments, after `--`.
     #[arg(last = true, value_name = "KUBECTL ARGS")]
     pub kubectl: Vec<String>,
@@ -118,6 +123,7 @@ pub fn main() -> ExitCode {
             &target,
             member,
             cli.in_clusterset.as_deref(),
+            cli.member_token_file.as_deref(),
             &cli.kubectl,
         ));
         return match code {
@@ -250,6 +256,21 @@ mod tests {
             "--cluster needs kubectl arguments"
         );
         assert!(Cli::try_parse_from(["tether", "--in-clusterset", "prod", "--", "get"]).is_err());
+        let cli = Cli::try_parse_from([
+            "tether",
+            "--cluster",
+            "east",
+            "--member-token-file",
+            "t",
+            "--",
+            "get",
+        ])
+        .unwrap();
+        assert_eq!(cli.member_token_file.as_deref(), Some(std::path::Path::new("t")));
+        assert!(
+            Cli::try_parse_from(["tether", "--member-token-file", "t", "--", "get"]).is_err(),
+            "--member-token-file needs --cluster"
+        );
         let cli = Cli::try_parse_from(["tether", "kubeconfig", "--cluster", "east", "-o", "e.yaml"]).unwrap();
         assert!(matches!(cli.command, Some(Command::Kubeconfig(ref a)) if a.cluster == "east"));
         assert!(

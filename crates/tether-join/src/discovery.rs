@@ -20,8 +20,8 @@ use kube::client::retry::RetryPolicy;
 use kube::config::{AuthInfo, Kubeconfig};
 use kube::{Api, Client, Config};
 use tower::BoxError;
-use tower_http::trace::TraceLayer;
 use tower::retry::RetryLayer;
+use tower_http::trace::TraceLayer;
 use tracing::info;
 
 use crate::pin::{self, CaPin, PinError};

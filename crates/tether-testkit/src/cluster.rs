@@ -587,6 +587,16 @@ impl TestCluster {
             .map_err(|e| Error::Kubeconfig(e.to_string()))
     }
 
+    /// Writes a kubeconfig for user `name` (in `group`) to `path`, as kubectl would be given.
+    pub fn write_user_kubeconfig(&self, name: &str, group: Option<&str>, path: &Path) -> Result<(), Error> {
+        let (cert, key) = self.pki.client_cert(name, group)?;
+        let text = client_kubeconfig(&self.name, &self.url, &self.pki.ca_cert, &(cert, key));
+        std::fs::write(path, text).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
     /// A client with no credentials at all (`system:anonymous`).
     pub fn anonymous_client(&self) -> Result<Client, Error> {
         let mut config = self.config();

@@ -5,6 +5,7 @@
 //! (`pipe`): HTTP/2 with the leader as client and the agent as server, over a connection the
 //! agent opened through the leader's API server.
 
+pub mod cert;
 pub mod headers;
 pub mod identity;
 pub mod pipe;

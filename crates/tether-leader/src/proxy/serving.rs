@@ -23,16 +23,7 @@ pub const PORT_NAME: &str = "https";
 /// How long the generated serving certificate is valid.
 const VALID_DAYS: i64 = 3650;
 
-/// A serving certificate, its key and the CA that signed it (PEM).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Serving {
-    /// The leaf certificate.
-    pub cert: String,
-    /// Its private key.
-    pub key: String,
-    /// The CA, for the APIService's caBundle.
-    pub ca: String,
-}
+pub use tether_tunnel::cert::Serving;
 
 /// The DNS name the aggregator verifies: `<service>.<namespace>.svc`.
 pub fn service_dns(namespace: &str, service: &str) -> String {
@@ -41,34 +32,7 @@ pub fn service_dns(namespace: &str, service: &str) -> String {
 
 /// Generates a CA and a serving certificate for `dns`.
 pub fn generate(dns: &str) -> Result<Serving, rcgen::Error> {
-    let now = time_now();
-    let ca_key = rcgen::KeyPair::generate()?;
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new())?;
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
-    ca.distinguished_name.push(
-        rcgen::DnType::CommonName,
-        format!("tether-proxy-ca@{}", now.unix_timestamp()),
-    );
-    ca.not_before = now;
-    ca.not_after = now + time::Duration::days(VALID_DAYS);
-    let ca_cert = ca.self_signed(&ca_key)?;
-    let issuer = rcgen::Issuer::new(ca, ca_key);
-    let key = rcgen::KeyPair::generate()?;
-    let mut leaf = rcgen::CertificateParams::new(vec![dns.to_string()])?;
-    leaf.distinguished_name.push(rcgen::DnType::CommonName, dns);
-    leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-    leaf.not_before = now;
-    leaf.not_after = now + time::Duration::days(VALID_DAYS);
-    let cert = leaf.signed_by(&key, &issuer)?;
-    Ok(Serving {
-        cert: cert.pem(),
-        key: key.serialize_pem(),
-        ca: ca_cert.pem(),
-    })
-}
-
-fn time_now() -> time::OffsetDateTime {
-    time::OffsetDateTime::now_utc()
+    tether_tunnel::cert::generate("tether-proxy-ca", dns, time::Duration::days(VALID_DAYS))
 }
 
 /// The Secret that holds `serving` (type `kubernetes.io/tls`, plus `ca.crt`).

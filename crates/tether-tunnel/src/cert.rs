@@ -1,0 +1,43 @@
+//! Serving certificates made on the spot: a CA of its own and a leaf for one name, for
+//! endpoints whose clients are handed the CA directly (the leader's proxy API through the
+//! APIService's caBundle, the CLI's local pass-through endpoint through its kubeconfig).
+
+/// A serving certificate, its key and the CA that signed it (PEM).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Serving {
+    /// The leaf certificate.
+    pub cert: String,
+    /// Its private key.
+    pub key: String,
+    /// The CA that clients trust.
+    pub ca: String,
+}
+
+/// Generates a CA (`<ca_name>@<unix time>`) and a serving certificate for `name` (a DNS name or
+/// an IP address), both valid for `valid`.
+pub fn generate(ca_name: &str, name: &str, valid: time::Duration) -> Result<Serving, rcgen::Error> {
+    let now = time::OffsetDateTime::now_utc();
+    let ca_key = rcgen::KeyPair::generate()?;
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
+    ca.distinguished_name.push(
+        rcgen::DnType::CommonName,
+        format!("{ca_name}@{}", now.unix_timestamp()),
+    );
+    ca.not_before = now;
+    ca.not_after = now + valid;
+    let ca_cert = ca.self_signed(&ca_key)?;
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate()?;
+    let mut leaf = rcgen::CertificateParams::new(vec![name.to_string()])?;
+    leaf.distinguished_name.push(rcgen::DnType::CommonName, name);
+    leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    leaf.not_before = now;
+    leaf.not_after = now + valid;
+    let cert = leaf.signed_by(&key, &issuer)?;
+    Ok(Serving {
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+        ca: ca_cert.pem(),
+    })
+}
