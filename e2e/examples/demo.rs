@@ -65,7 +65,7 @@ async fn up(repo: &Path, root: &Path) {
         "member access: the leader's admin may view each member through the leader",
     );
     for (name, cluster, helm) in &fleet.members {
-        pods::allow_leader_admin(leader, name, cluster, helm, "view").await;
+        pods::allow_leader_admin(leader, name, cluster, helm, "view", &[]).await;
     }
     for cmd in [
         "kubectl get clusterset -A",

@@ -3,7 +3,8 @@
 //! member was Ready again after each fault, against the targets. Exits 1 if a target is missed.
 //!
 //! `cargo run --release -p tether-e2e --example soak -- [--members N] [--duration 30m]
-//!  [--interval 10s] [--gap-min 60s] [--gap-max 120s] [--etcd-pause 20s]`
+//!  [--interval 10s] [--gap-min 60s] [--gap-max 120s] [--etcd-pause 20s]
+//!  [--without leader-killed,etcd-paused,...]`
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -18,6 +19,7 @@ async fn main() -> ExitCode {
         interval: Duration::from_secs(10),
         gap: (Duration::from_secs(60), Duration::from_secs(120)),
         etcd_pause: Duration::from_secs(20),
+        without: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -36,12 +38,21 @@ async fn main() -> ExitCode {
             "--gap-min" => duration().map(|d| settings.gap.0 = d),
             "--gap-max" => duration().map(|d| settings.gap.1 = d),
             "--etcd-pause" => duration().map(|d| settings.etcd_pause = d),
+            "--without" => value
+                .split(',')
+                .map(str::parse)
+                .collect::<Result<Vec<_>, _>>()
+                .map(|f| settings.without = f),
             other => Err(format!("unknown flag {other}")),
         };
         if let Err(e) = parsed {
             eprintln!("error: {flag} {value}: {e}");
             return ExitCode::from(2);
         }
+    }
+    if settings.without.len() >= 5 {
+        eprintln!("error: --without leaves no fault to inject");
+        return ExitCode::from(2);
     }
     if settings.gap.0 > settings.gap.1 || settings.interval.is_zero() || settings.members == 0 {
         eprintln!("error: need --gap-min ≤ --gap-max, a non-zero --interval and at least one member");

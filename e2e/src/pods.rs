@@ -85,6 +85,18 @@ impl Helm {
         );
         out
     }
+
+    /// `helm upgrade <chart> charts/<chart> -n tether-system --reuse-values --set <each of sets>
+    /// --wait`, which must succeed.
+    pub fn upgrade_reusing(&self, cluster: &TestCluster, chart: &str, sets: &[&str]) -> String {
+        let path = format!("charts/{chart}");
+        let mut args = vec!["upgrade", chart, &path, "-n", NAMESPACE, "--reuse-values"];
+        for set in sets {
+            args.extend(["--set", set]);
+        }
+        args.extend(["--wait", "--timeout", "3m"]);
+        self.ok(cluster, &args)
+    }
 }
 
 /// stdout and stderr of a finished command.
@@ -100,6 +112,9 @@ pub fn text(o: &Output) -> String {
 /// `cluster`, with `KUBECONFIG` pointing at its admin kubeconfig.
 pub fn shell(cluster: &TestCluster, line: &str) -> Output {
     let words = words(line);
+    // Leading `NAME=value` words set the environment, as in a shell.
+    let env_words = words.iter().take_while(|w| w.contains('=')).count();
+    let (env, words) = words.split_at(env_words);
     let (program, args) = words.split_first().expect("a command");
     let bin = match program.as_str() {
         "tether" => tether_testkit::controller::binary("tether").expect("tether binary"),
@@ -108,6 +123,7 @@ pub fn shell(cluster: &TestCluster, line: &str) -> Output {
     };
     Command::new(bin)
         .args(args)
+        .envs(env.iter().filter_map(|w| w.split_once('=')))
         .current_dir(repo())
         .env("KUBECONFIG", cluster.kubeconfig())
         .env("KUBECTL", Tools::locate().expect("tools").path("kubectl"))
@@ -325,7 +341,7 @@ pub async fn up(root: Option<&Path>, members: &[(&str, Helm)], start: Instant) -
 
 /// Lets the leader's admin (`tether-admin`) into member `name` through the leader: the agent's
 /// allow-list (`helm upgrade --set proxy.impersonate.users={tether-admin}`) and `role` bound to
-/// `tether:prod:tether-admin` there. Waits until the new agent pod's tunnel answers
+/// `tether:prod:tether-admin` there, with `sets` (more `--set` values) in the same upgrade. Waits until the new agent pod's tunnel answers
 /// `tether --cluster <name> -- get pods` on the leader; returns that pod's name.
 pub async fn allow_leader_admin(
     leader: &TestCluster,
@@ -333,23 +349,11 @@ pub async fn allow_leader_admin(
     member: &TestCluster,
     helm: &Helm,
     role: &str,
+    sets: &[&str],
 ) -> String {
-    helm.ok(
-        member,
-        &[
-            "upgrade",
-            "tether-agent",
-            "charts/tether-agent",
-            "-n",
-            NAMESPACE,
-            "--reuse-values",
-            "--set",
-            "proxy.impersonate.users={tether-admin}",
-            "--wait",
-            "--timeout",
-            "3m",
-        ],
-    );
+    let mut all = vec!["proxy.impersonate.users={tether-admin}"];
+    all.extend(sets);
+    helm.upgrade_reusing(member, "tether-agent", &all);
     let o = shell(
         member,
         &format!(

@@ -40,6 +40,8 @@ pub struct Settings {
     pub gap: (Duration, Duration),
     /// How long etcd stays paused.
     pub etcd_pause: Duration,
+    /// Faults left out of the rounds (e.g. the leader kill, to watch one process's memory).
+    pub without: Vec<Fault>,
 }
 
 /// The faults, in the order the table lists them.
@@ -55,6 +57,40 @@ pub enum Fault {
     MembersRestarted,
     /// 2 % of the members leave and as many new ones join.
     Churn,
+}
+
+impl std::str::FromStr for Fault {
+    type Err = String;
+
+    /// The flag names: `leader-killed`, `api-server-restarted`, `etcd-paused`,
+    /// `members-restarted`, `churn`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        FAULTS.into_iter().find(|f| f.flag() == s).ok_or_else(|| {
+            let names: Vec<&str> = FAULTS.iter().map(|f| f.flag()).collect();
+            format!("no fault {s:?} (one of {})", names.join(", "))
+        })
+    }
+}
+
+impl Fault {
+    fn flag(self) -> &'static str {
+        match self {
+            Fault::LeaderKilled => "leader-killed",
+            Fault::ApiServerRestarted => "api-server-restarted",
+            Fault::EtcdPaused => "etcd-paused",
+            Fault::MembersRestarted => "members-restarted",
+            Fault::Churn => "churn",
+        }
+    }
+}
+
+/// One leader process's memory: at its first full recovery, after each later recovery, at its end.
+#[derive(Clone, Debug)]
+struct Life {
+    start: f64,
+    after: Vec<f64>,
+    end: f64,
+    lived: Duration,
 }
 
 const FAULTS: [Fault; 5] = [
@@ -98,7 +134,7 @@ pub struct Outcome {
     heartbeat_failures: u64,
     writes: f64,
     writes_by_kind: BTreeMap<String, f64>,
-    rss: Vec<(f64, f64, Duration)>,
+    rss: Vec<Life>,
     leader_restarts: usize,
     denials: usize,
 }
@@ -123,8 +159,8 @@ impl Outcome {
     fn worst_rss_growth(&self) -> f64 {
         self.rss
             .iter()
-            .filter(|(start, _, life)| *start > 0.0 && *life >= RSS_JUDGED_AFTER)
-            .map(|(start, end, _)| (end - start) / start)
+            .filter(|l| l.start > 0.0 && l.lived >= RSS_JUDGED_AFTER)
+            .map(|l| (l.end - l.start) / l.start)
             .fold(0.0, f64::max)
     }
 
@@ -217,18 +253,21 @@ impl Outcome {
             self.writes / self.heartbeats.max(1) as f64,
             by_kind.join(", ")
         );
-        for (i, (start, end, life)) in self.rss.iter().enumerate() {
-            let judged = if *life < RSS_JUDGED_AFTER {
+        for (i, l) in self.rss.iter().enumerate() {
+            let (start, end) = (l.start, l.end);
+            let judged = if l.lived < RSS_JUDGED_AFTER {
                 format!("not judged: lived < {} s", RSS_JUDGED_AFTER.as_secs())
             } else {
-                mark(*start <= 0.0 || (end - start) / start < 0.10).to_string()
+                mark(start <= 0.0 || (end - start) / start < 0.10).to_string()
             };
+            let after: Vec<String> = l.after.iter().map(|m| format!("{m:.1}")).collect();
             let _ = writeln!(
                 out,
-                "| leader process {} RSS start → end | {start:.1} → {end:.1} MiB over {:.0} s ({:+.1} %) | < +10 % ({judged}) |",
+                "| leader process {} RSS start → end | {start:.1} → {end:.1} MiB over {:.0} s ({:+.1} %); after each recovery: [{}] | < +10 % ({judged}) |",
                 i + 1,
-                life.as_secs_f64(),
+                l.lived.as_secs_f64(),
                 100.0 * (end - start) / start.max(f64::MIN_POSITIVE),
+                after.join(", "),
             );
         }
         let _ = writeln!(
@@ -247,12 +286,22 @@ struct Leader {
     kubeconfig: std::path::PathBuf,
     started: Instant,
     start_rss: Option<f64>,
+    after: Vec<f64>,
 }
 
 impl Leader {
-    fn restart(&mut self) -> (f64, f64, Duration) {
-        let end = rss_mib(self.side.controller.pid(), "VmRSS");
-        let life = (self.start_rss.unwrap_or(0.0), end, self.started.elapsed());
+    /// This process's memory so far.
+    fn life(&mut self) -> Life {
+        Life {
+            start: self.start_rss.unwrap_or(0.0),
+            after: std::mem::take(&mut self.after),
+            end: rss_mib(self.side.controller.pid(), "VmRSS"),
+            lived: self.started.elapsed(),
+        }
+    }
+
+    fn restart(&mut self) -> Life {
+        let life = self.life();
         self.side.controller.kill();
         self.side.controller = Controller::start(
             &self.side.cluster,
@@ -283,6 +332,7 @@ pub async fn run(settings: &Settings) -> Outcome {
         kubeconfig,
         started: Instant::now(),
         start_rss: None,
+        after: Vec::new(),
     };
     let admin = leader.side.admin.clone();
     let token = join_token(&admin).await;
@@ -334,7 +384,10 @@ pub async fn run(settings: &Settings) -> Outcome {
         let gap = rng.random_range(settings.gap.0..=settings.gap.1);
         tokio::time::sleep(gap).await;
         if order.is_empty() {
-            order = FAULTS.to_vec();
+            order = FAULTS
+                .into_iter()
+                .filter(|f| !settings.without.contains(f))
+                .collect();
             order.shuffle(&mut rng);
         }
         let fault = order.pop().expect("a fault");
@@ -410,9 +463,12 @@ pub async fn run(settings: &Settings) -> Outcome {
                 );
                 recoveries.entry(fault).or_default().push(took);
                 // NB: a new leader's memory counts from its first full recovery (caches filled).
+                let now = rss_mib(leader.side.controller.pid(), "VmRSS");
                 if leader.start_rss.is_none() {
-                    leader.start_rss = Some(rss_mib(leader.side.controller.pid(), "VmRSS"));
+                    leader.start_rss = Some(now);
                     leader.started = Instant::now();
+                } else {
+                    leader.after.push(now);
                 }
                 let worst = unready.entry(fault).or_default();
                 *worst = (*worst).max(not_ready);
@@ -429,8 +485,7 @@ pub async fn run(settings: &Settings) -> Outcome {
     // Let the last fault settle for one interval before the closing figures.
     tokio::time::sleep(interval).await;
     add_writes(&mut writes, &since, &request_counts(&admin).await, window);
-    let end_rss = rss_mib(leader.side.controller.pid(), "VmRSS");
-    rss.push((leader.start_rss.unwrap_or(0.0), end_rss, leader.started.elapsed()));
+    rss.push(leader.life());
     let heartbeats = fleet.stats.heartbeats() - beats_before;
     let heartbeat_failures = fleet.stats.failures() - failures_before;
 

@@ -202,70 +202,138 @@ async fn member_access(start: Instant, leader: &TestCluster, members: &[(String,
         start,
         "  east allows the leader's admin: helm upgrade --set proxy.impersonate.users={tether-admin}",
     );
-    let agent_pod = pods::allow_leader_admin(leader, "east", east, helm, "cluster-admin").await;
-    step(start, "  kubectl exec through the leader into east's agent pod");
+    // NB: the kube client's debug lines (one per heartbeat) give `kubectl attach` output to see.
+    let agent_pod = pods::allow_leader_admin(
+        leader,
+        "east",
+        east,
+        helm,
+        "cluster-admin",
+        &["logLevel=info\\,kube_client=debug"],
+    )
+    .await;
+    // kubectl 1.34 speaks WebSockets to the API server and falls back to SPDY; with the
+    // fallback forced, each upgrade is proven over both.
+    for (protocol, env) in [
+        ("WebSocket", ""),
+        ("SPDY", "KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false "),
+    ] {
+        step(
+            start,
+            &format!("  kubectl exec through the leader into east's agent pod ({protocol})"),
+        );
+        let o = shell(
+            leader,
+            &format!(
+                "{env}tether --cluster east -- exec -n {NAMESPACE} {agent_pod} -- /usr/local/bin/tether --version"
+            ),
+        );
+        assert!(
+            o.status.success() && text(&o).contains("tether"),
+            "exec over {protocol}: {}",
+            text(&o)
+        );
+    }
+    step(
+        start,
+        "  pass-through: kubectl exec as a member token of east (--member-token-file)",
+    );
+    for cmd in [
+        "kubectl create serviceaccount ops -n default",
+        "kubectl create clusterrolebinding ops --clusterrole=cluster-admin --serviceaccount=default:ops",
+    ] {
+        let o = shell(east, cmd);
+        assert!(o.status.success(), "{cmd}: {}", text(&o));
+    }
+    let o = shell(east, "kubectl create token ops -n default");
+    assert!(o.status.success(), "member token: {}", text(&o));
+    let token_file = east.dir().join("ops.token");
+    std::fs::write(&token_file, &o.stdout).expect("token file");
     let o = shell(
         leader,
         &format!(
-            "tether --cluster east -- exec -n {NAMESPACE} {agent_pod} -- /usr/local/bin/tether --version"
+            "tether --cluster east --member-token-file {} -- exec -n {NAMESPACE} {agent_pod} -- /usr/local/bin/tether --version",
+            token_file.display()
         ),
     );
     assert!(
         o.status.success() && text(&o).contains("tether"),
-        "exec: {}",
+        "exec with a member token: {}",
         text(&o)
     );
     step(start, "  kubectl logs -f through the leader streams");
-    let mut follow =
-        std::process::Command::new(tether_testkit::controller::binary("tether").expect("tether"))
-            .args([
-                "--cluster",
-                "east",
-                "--",
-                "logs",
-                "-f",
-                "-n",
-                NAMESPACE,
-                &agent_pod,
-                "--tail=1",
-            ])
-            .env("KUBECONFIG", leader.kubeconfig())
-            .env(
-                "KUBECTL",
-                tether_testkit::Tools::locate().expect("tools").path("kubectl"),
-            )
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("logs -f");
-    let stdout = follow.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        if let Some(Ok(line)) = std::io::BufReader::new(stdout).lines().next() {
-            let _ = tx.send(line);
-        }
-    });
-    let first = rx.recv_timeout(Duration::from_secs(30));
-    let still_following = follow.try_wait().ok().flatten().is_none();
-    let _ = follow.kill();
-    let _ = follow.wait();
-    let first = first.expect("logs -f printed the tail line");
-    assert!(
-        !first.is_empty() && still_following,
-        "logs -f streams and keeps following: {first}"
+    let first = first_streamed_line(
+        leader,
+        &["logs", "-f", "-n", NAMESPACE, &agent_pod, "--tail=1"],
+        false,
     );
+    assert!(!first.is_empty(), "logs -f printed the tail line");
     step(
         start,
-        "  kubectl port-forward through the leader to the agent's admin port",
+        "  kubectl attach through the leader streams the agent container's output",
     );
-    let port = tether_testkit::free_port().expect("port");
+    // NB: the agent logs to stderr, which attach passes on as its own stderr.
+    let first = first_streamed_line(leader, &["attach", "-n", NAMESPACE, &agent_pod], true);
+    assert!(first.contains('{'), "attach streamed a log line: {first}");
     let kubeconfig = east.dir().join("through-leader.kubeconfig");
     let o = shell(
         leader,
         &format!("tether kubeconfig --cluster east -o {}", kubeconfig.display()),
     );
     assert!(o.status.success(), "tether kubeconfig: {}", text(&o));
+    for (protocol, websockets) in [("WebSocket", "true"), ("SPDY", "false")] {
+        step(
+            start,
+            &format!("  kubectl port-forward through the leader to the agent's admin port ({protocol})"),
+        );
+        port_forward_livez(&kubeconfig, &agent_pod, websockets).await;
+    }
+}
+
+/// Runs `tether --cluster east -- <args>` against the leader and returns the first line it
+/// prints on stdout (on stderr with `stderr`), failing unless it arrives within 30 s with the
+/// command still streaming.
+fn first_streamed_line(leader: &TestCluster, args: &[&str], stderr: bool) -> String {
+    let piped = || std::process::Stdio::piped();
+    let null = || std::process::Stdio::null();
+    let mut follow =
+        std::process::Command::new(tether_testkit::controller::binary("tether").expect("tether"))
+            .args(["--cluster", "east", "--"])
+            .args(args)
+            .env("KUBECONFIG", leader.kubeconfig())
+            .env(
+                "KUBECTL",
+                tether_testkit::Tools::locate().expect("tools").path("kubectl"),
+            )
+            .stdout(if stderr { null() } else { piped() })
+            .stderr(if stderr { piped() } else { null() })
+            .spawn()
+            .expect("tether --cluster east");
+    let out: Box<dyn std::io::Read + Send> = if stderr {
+        Box::new(follow.stderr.take().expect("stderr"))
+    } else {
+        Box::new(follow.stdout.take().expect("stdout"))
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        if let Some(Ok(line)) = std::io::BufReader::new(out).lines().next() {
+            let _ = tx.send(line);
+        }
+    });
+    let first = rx.recv_timeout(Duration::from_secs(30));
+    let still_streaming = follow.try_wait().ok().flatten().is_none();
+    let _ = follow.kill();
+    let _ = follow.wait();
+    let first = first.unwrap_or_else(|_| panic!("{args:?} printed nothing within 30 s"));
+    assert!(still_streaming, "{args:?} keeps streaming after: {first}");
+    first
+}
+
+/// `kubectl port-forward` to east's agent pod's admin port through `kubeconfig` (the leader's
+/// proxy path), with `KUBECTL_PORT_FORWARD_WEBSOCKETS=websockets`; GET /livez must say ok.
+async fn port_forward_livez(kubeconfig: &std::path::Path, agent_pod: &str, websockets: &str) {
+    let port = tether_testkit::free_port().expect("port");
     let kubectl = tether_testkit::Tools::locate().expect("tools").path("kubectl");
     let mut pf = std::process::Command::new(kubectl)
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
@@ -273,9 +341,10 @@ async fn member_access(start: Instant, leader: &TestCluster, members: &[(String,
             "port-forward",
             "-n",
             NAMESPACE,
-            &agent_pod,
+            agent_pod,
             &format!("{port}:8080"),
         ])
+        .env("KUBECTL_PORT_FORWARD_WEBSOCKETS", websockets)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -432,43 +501,9 @@ async fn real_pods() {
         }
     }
     let set_tag = format!("image.tag={new_tag}");
-    Helm::v4().ok(
-        leader,
-        &[
-            "upgrade",
-            "tether-leader",
-            "charts/tether-leader",
-            "-n",
-            NAMESPACE,
-            "--reuse-values",
-            "--set",
-            &set_tag,
-            "--set",
-            "logLevel=debug",
-            "--wait",
-            "--timeout",
-            "3m",
-        ],
-    );
+    Helm::v4().upgrade_reusing(leader, "tether-leader", &[&set_tag, "logLevel=debug"]);
     for (name, cluster, helm) in members {
-        helm.ok(
-            cluster,
-            &[
-                "upgrade",
-                "tether-agent",
-                "charts/tether-agent",
-                "-n",
-                NAMESPACE,
-                "--reuse-values",
-                "--set",
-                &set_tag,
-                "--set",
-                "leaseDuration=20",
-                "--wait",
-                "--timeout",
-                "3m",
-            ],
-        );
+        helm.upgrade_reusing(cluster, "tether-agent", &[&set_tag, "leaseDuration=20"]);
         step(start, &format!("  {name} upgraded with helm {}", helm.major));
     }
     assert_chart_pods(leader, "tether-leader", 2, &new_image).await;

@@ -266,14 +266,25 @@ async fn member_access() {
     step("an upgraded stream (a member Service that speaks an upgrade protocol) passes through");
     let echo = EchoServer::start().await;
     expose_echo(&east, echo.port).await;
-    let mut io = upgrade(&alice, "/api/v1/namespaces/default/services/http:echo:80/proxy/").await;
-    for msg in [&b"ping"[..], &b"second message"[..]] {
-        io.write_all(msg).await.expect("write");
-        let mut buf = vec![0u8; msg.len()];
-        io.read_exact(&mut buf).await.expect("read echo");
-        assert_eq!(buf, msg);
+    // NB: SPDY upgrades (kubectl exec, attach, port-forward without WebSockets) are POSTs
+    // with `Content-Length: 0`; WebSocket upgrades are GETs.
+    for method in [http::Method::GET, http::Method::POST] {
+        let mut io = upgrade(
+            &alice,
+            method.clone(),
+            "/api/v1/namespaces/default/services/http:echo:80/proxy/",
+        )
+        .await;
+        for msg in [&b"ping"[..], &b"second message"[..]] {
+            io.write_all(msg).await.expect("write");
+            let mut buf = vec![0u8; msg.len()];
+            tokio::time::timeout(Duration::from_secs(10), io.read_exact(&mut buf))
+                .await
+                .unwrap_or_else(|_| panic!("{method} upgrade: no echo within 10 s"))
+                .expect("read echo");
+            assert_eq!(buf, msg, "{method} upgrade");
+        }
     }
-    drop(io);
 
     step("an upgrade the member refuses: its answer reaches the caller and the connection closes");
     let answer = tokio::time::timeout(
@@ -436,9 +447,17 @@ async fn attach_as(leader: &LeaderSide, token: &str, name: &str) -> (StatusCode,
     (code, String::from_utf8_lossy(&body).to_string())
 }
 
-/// Opens an upgraded connection to `path` through `c`.
-async fn upgrade(c: &Client, path: &str) -> hyper_util::rt::TokioIo<hyper::upgrade::Upgraded> {
-    let req = Request::get(path)
+/// Opens an upgraded connection to `path` through `c` with a `method` request.
+async fn upgrade(
+    c: &Client,
+    method: http::Method,
+    path: &str,
+) -> hyper_util::rt::TokioIo<hyper::upgrade::Upgraded> {
+    let mut req = Request::builder().method(method.clone()).uri(path);
+    if method == http::Method::POST {
+        req = req.header(http::header::CONTENT_LENGTH, "0");
+    }
+    let req = req
         .header(CONNECTION, "Upgrade")
         .header(UPGRADE, "tether-echo")
         .body(kube::client::Body::empty())

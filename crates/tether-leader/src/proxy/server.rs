@@ -243,8 +243,11 @@ async fn proxy(
         return status(StatusCode::BAD_REQUEST, "the Upgrade header is not valid");
     };
     parts.headers.insert(headers::UPGRADE, p);
-    // NB: an upgrade request has no body of its own; the stream's body carries the caller's bytes.
+    // NB: an upgrade request has no body of its own; the stream's body carries the caller's bytes,
+    // so its `Content-Length: 0` (a POST upgrade: SPDY exec, attach, port-forward) must not reach
+    // the HTTP/2 stream, whose peer would reset it at the first byte past that length.
     drop(body);
+    parts.headers.remove(http::header::CONTENT_LENGTH);
     let (to_member, out) = pipe::channel();
     let resp = match send.send_request(Request::from_parts(parts, out)).await {
         Ok(r) => r,
