@@ -49,10 +49,10 @@ bench: tools ## Benchmark: one leader against N simulated members (N="100 1000 5
 	$(CARGO) build --locked --release -p tether-controller
 	TETHER_BIN_DIR=$(CURDIR)/target/release $(CARGO) run --locked --release -q -p tether-e2e --example scale_bench -- $(N)
 
-soak: tools ## Soak: a leader with N simulated members for DURATION under random faults (N=1000 DURATION=30m); prints the recovery table
+soak: tools ## Soak: a leader with N simulated members for DURATION under random faults (N=1000 DURATION=30m; WITHOUT=leader-killed,... leaves faults out); prints the recovery table
 	$(CARGO) build --locked --release -p tether-controller
 	TETHER_BIN_DIR=$(CURDIR)/target/release $(CARGO) run --locked --release -q -p tether-e2e --example soak -- \
-	  --members $(or $(N),1000) --duration $(or $(DURATION),30m)
+	  --members $(or $(N),1000) --duration $(or $(DURATION),30m) $(if $(WITHOUT),--without $(WITHOUT))
 
 bench-costs: tools ## Benchmark: API server cost of a Lease heartbeat vs the announce heartbeat vs a credential renewal
 	$(CARGO) run --locked --release -q -p tether-e2e --example write_costs -- 20
