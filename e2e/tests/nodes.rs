@@ -266,15 +266,19 @@ async fn member_access(start: Instant, leader: &TestCluster, members: &[(String,
         leader,
         &["logs", "-f", "-n", NAMESPACE, &agent_pod, "--tail=1"],
         false,
+        |l| !l.is_empty(),
     );
-    assert!(!first.is_empty(), "logs -f printed the tail line");
+    eprintln!("  logs -f: {first}");
     step(
         start,
         "  kubectl attach through the leader streams the agent container's output",
     );
-    // NB: the agent logs to stderr, which attach passes on as its own stderr.
-    let first = first_streamed_line(leader, &["attach", "-n", NAMESPACE, &agent_pod], true);
-    assert!(first.contains('{'), "attach streamed a log line: {first}");
+    // NB: the agent logs (JSON lines) to stderr, which attach passes on as its own stderr
+    // after kubectl's own warning that the session is recorded.
+    let first = first_streamed_line(leader, &["attach", "-n", NAMESPACE, &agent_pod], true, |l| {
+        l.starts_with('{')
+    });
+    assert!(first.contains("\"level\""), "attach streamed a log line: {first}");
     let kubeconfig = east.dir().join("through-leader.kubeconfig");
     let o = shell(
         leader,
@@ -291,9 +295,14 @@ async fn member_access(start: Instant, leader: &TestCluster, members: &[(String,
 }
 
 /// Runs `tether --cluster east -- <args>` against the leader and returns the first line it
-/// prints on stdout (on stderr with `stderr`), failing unless it arrives within 30 s with the
-/// command still streaming.
-fn first_streamed_line(leader: &TestCluster, args: &[&str], stderr: bool) -> String {
+/// prints on stdout (on stderr with `stderr`) that is `wanted`, failing unless it arrives within
+/// 30 s with the command still streaming.
+fn first_streamed_line(
+    leader: &TestCluster,
+    args: &[&str],
+    stderr: bool,
+    wanted: fn(&str) -> bool,
+) -> String {
     let piped = || std::process::Stdio::piped();
     let null = || std::process::Stdio::null();
     let mut follow =
@@ -317,7 +326,8 @@ fn first_streamed_line(leader: &TestCluster, args: &[&str], stderr: bool) -> Str
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         use std::io::BufRead;
-        if let Some(Ok(line)) = std::io::BufReader::new(out).lines().next() {
+        let mut lines = std::io::BufReader::new(out).lines().map_while(Result::ok);
+        if let Some(line) = lines.find(|l| wanted(l)) {
             let _ = tx.send(line);
         }
     });
