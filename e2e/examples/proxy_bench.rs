@@ -113,7 +113,11 @@ async fn bench(tunnels: usize) {
     let (d50, p50) = (quantile(&d, 0.5), quantile(&p, 0.5));
     // Where the added time goes: a discovery GET that the leader's kube-apiserver answers itself,
     // against one it proxies to the leader proxy (answered there, no tunnel), interleaved.
-    let on_leader = leader.cluster.user_client("bench", None).await.expect("leader client");
+    let on_leader = leader
+        .cluster
+        .user_client("bench", None)
+        .await
+        .expect("leader client");
     let local = format!("/apis/{}/{}", tether_api::GROUP, "v1alpha1");
     let aggregated = format!("/apis/{}/{}", tether_tunnel::GROUP, tether_tunnel::VERSION);
     let (mut l, mut a) = (Vec::new(), Vec::new());
