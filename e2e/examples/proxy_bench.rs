@@ -8,7 +8,8 @@
 //! - leader memory and CPU per idle tunnel: N simulated members (tether-sim's code, default
 //!   1,000) attach tunnels; leader RSS and CPU over a minute before and after.
 //!
-//! `cargo run --release -p tether-e2e --example proxy_bench -- [N]`
+//! `cargo run --release -p tether-e2e --example proxy_bench -- [N] [latency]` (`latency`: only the
+//! small-GET figures and where their time goes).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -20,7 +21,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use serde_json::json;
 use tether_e2e::access::{apply, grant_proxy, through, wait_tunnel};
 use tether_e2e::fleet;
-use tether_e2e::scale::{CLOCK_TICKS, cpu_ticks, rss_mib, sim_join};
+use tether_e2e::scale::{CLOCK_TICKS, cpu_ns, cpu_ticks, rss_mib, sim_join};
 use tether_e2e::sim::{HOME, join_token};
 use tether_sim::{Fleet, join_all, quantile};
 use tether_testkit::{TestCluster, free_port, lab};
@@ -41,7 +42,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    rt.block_on(bench(tunnels));
+    let latency_only = std::env::args().nth(2).as_deref() == Some("latency");
+    rt.block_on(bench(tunnels, latency_only));
     ExitCode::SUCCESS
 }
 
@@ -56,7 +58,20 @@ async fn timed_get(c: &Client, path: &str) -> Duration {
     t.elapsed()
 }
 
-async fn bench(tunnels: usize) {
+/// On-CPU time per request, in µs, of each of `procs` while `c` GETs `path` `n` times.
+async fn cpu_per_get(c: &Client, path: &str, n: u32, procs: &[(&str, u32)]) -> Vec<f64> {
+    let before: Vec<u64> = procs.iter().map(|(_, p)| cpu_ns(*p)).collect();
+    for _ in 0..n {
+        timed_get(c, path).await;
+    }
+    procs
+        .iter()
+        .zip(before)
+        .map(|((_, p), b)| cpu_ns(*p).saturating_sub(b) as f64 / 1000.0 / f64::from(n))
+        .collect()
+}
+
+async fn bench(tunnels: usize, latency_only: bool) {
     let cluster = TestCluster::builder("leader")
         .start()
         .await
@@ -144,6 +159,39 @@ async fn bench(tunnels: usize) {
         ms(a50.saturating_sub(l50)),
         ms(p50.saturating_sub(d50)).max(0.0) - ms(a50.saturating_sub(l50)),
     );
+
+    // Where the CPU goes: on-CPU time per small GET in each process on the path (the machine's
+    // cores are shared, so on loopback the added latency is mostly this added CPU time).
+    let procs = [
+        (
+            "member kube-apiserver",
+            east.cluster.pid("kube-apiserver").unwrap_or(0),
+        ),
+        ("agent", east.agent.as_ref().map_or(0, |a| a.pid())),
+        (
+            "leader kube-apiserver",
+            leader.cluster.pid("kube-apiserver").unwrap_or(0),
+        ),
+        ("leader proxy", leader.controller.pid()),
+        ("client", std::process::id()),
+    ];
+    let n = 2000;
+    let on_direct = cpu_per_get(&direct, path, n, &procs).await;
+    let on_proxy = cpu_per_get(&proxied, path, n, &procs).await;
+    let row = |v: &[f64]| {
+        let parts: Vec<String> = procs
+            .iter()
+            .zip(v)
+            .filter(|(_, us)| **us >= 1.0)
+            .map(|((name, _), us)| format!("{name} {us:.0}"))
+            .collect();
+        format!("{} (sum {:.0})", parts.join(", "), v.iter().sum::<f64>())
+    };
+    println!("CPU per small GET ({n} each, µs): direct: {}", row(&on_direct));
+    println!("CPU per small GET ({n} each, µs): proxy:  {}", row(&on_proxy));
+    if latency_only {
+        return;
+    }
 
     // 2. Large list throughput.
     let ns = Namespace {

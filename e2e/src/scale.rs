@@ -45,6 +45,33 @@ pub struct Settings {
     pub limit_window: Duration,
     /// How long the writes of a new leader are counted after a failover (the issue: 2 minutes).
     pub failover_window: Duration,
+    /// The set's `credentialTTL`; when given, the run also measures credential renewals once
+    /// every member is past its first one (None: the leader's default, 1 h, and no renewal
+    /// window).
+    pub credential_ttl: Option<Duration>,
+}
+
+/// Credential renewals, measured over a window in which every member renews at its own pace.
+#[derive(Clone, Debug, Default)]
+pub struct Renewals {
+    /// The `credentialTTL` in force.
+    pub ttl: Duration,
+    /// The window.
+    pub window: Duration,
+    /// TokenRequests per second the API server counted (`serviceaccounts/token` creates).
+    pub api_rate: f64,
+    /// Renewals per second the simulated members completed.
+    pub sim_rate: f64,
+    /// What the agent's schedule predicts: N / (TTL × (1 − 0.95 / 3)).
+    pub expected_rate: f64,
+    /// Renewals that failed over the whole run.
+    pub failures: u64,
+    /// Heartbeats that failed during the window.
+    pub heartbeat_failures: u64,
+    /// All writes per second during the window.
+    pub writes: f64,
+    /// CPU share of one core during the window, by process.
+    pub cpu: BTreeMap<&'static str, f64>,
 }
 
 /// Everything measured in one run.
@@ -100,6 +127,8 @@ pub struct Outcome {
     pub failover_writes: BTreeMap<String, f64>,
     /// The failover window.
     pub failover_window: Duration,
+    /// Credential renewals, if the run measured them.
+    pub renewals: Option<Renewals>,
 }
 
 impl Outcome {
@@ -267,6 +296,35 @@ impl Outcome {
                     .join(", ")
             ),
         );
+        if let Some(r) = &self.renewals {
+            row(
+                "credential renewals (TokenRequests/s)",
+                format!("{:.2} /s", r.api_rate),
+                format!(
+                    "credentialTTL {}s, {} window; counted by the API server; members renewed {:.2} /s, \
+                     the agent's schedule predicts {:.2} /s; {} renewals failed over the run, {} \
+                     heartbeats failed in the window",
+                    r.ttl.as_secs(),
+                    s(r.window),
+                    r.sim_rate,
+                    r.expected_rate,
+                    r.failures,
+                    r.heartbeat_failures
+                ),
+            );
+            row(
+                "writes/s while renewing (all)",
+                format!("{:.2} /s", r.writes),
+                format!("steady window without renewals: {:.2} /s", self.total_writes()),
+            );
+            for (who, share) in &r.cpu {
+                row(
+                    &format!("CPU while renewing: {who}"),
+                    pct(*share),
+                    "of one core".into(),
+                );
+            }
+        }
         t
     }
 }
@@ -308,6 +366,10 @@ pub async fn run(settings: &Settings) -> Outcome {
     );
     tokio::time::sleep(Duration::from_secs(interval)).await;
     let steady = measure_steady(settings, &setup).await;
+    let renewals = match settings.credential_ttl {
+        Some(ttl) => Some(measure_renewals(settings, &setup, &joined, ttl).await),
+        None => None,
+    };
 
     eprintln!("== [{n}] silencing one member");
     joined.silent_cancel.cancel();
@@ -403,6 +465,7 @@ pub async fn run(settings: &Settings) -> Outcome {
         failover_peak_rss,
         failover_writes,
         failover_window: settings.failover_window,
+        renewals,
     }
 }
 
@@ -439,8 +502,11 @@ async fn start(settings: &Settings) -> Setup {
             .unwrap_or(INTERVALS[INTERVALS.len() - 1])
     });
     let grace = interval * 4;
-    let leader_spec =
+    let mut leader_spec =
         json!({"heartbeatInterval": format!("{interval}s"), "gracePeriod": format!("{grace}s")});
+    if let Some(ttl) = settings.credential_ttl {
+        leader_spec["credentialTTL"] = json!(format!("{}s", ttl.as_secs()));
+    }
     let leader = leader_on(cluster, Some(leader_spec)).await;
     let procs = processes(&leader);
     let token = join_token(&leader.admin).await;
@@ -589,6 +655,45 @@ async fn measure_steady(settings: &Settings, setup: &Setup) -> Steady {
         leader_rss: rss_mib(setup.leader.controller.pid(), "VmRSS"),
     }
 }
+
+/// Waits until every member is past its first renewal (the last one registered at the end of
+/// the registration phase renews within ¾ TTL of it), then counts renewals over a window of
+/// two minutes or N/10 renewals' worth, whichever is longer.
+async fn measure_renewals(settings: &Settings, setup: &Setup, joined: &Joined, ttl: Duration) -> Renewals {
+    let n = settings.members;
+    let expected_rate = n as f64 / (ttl.as_secs_f64() * (1.0 - 0.95 / 3.0));
+    let from = joined.started + joined.registration_wall + ttl.mul_f64(0.75) + Duration::from_secs(10);
+    eprintln!(
+        "== [{n}] credential renewals: waiting {:.0?} until every member renews at its own pace",
+        from.saturating_duration_since(Instant::now())
+    );
+    tokio::time::sleep_until(from.into()).await;
+    let window = Duration::from_secs(120).max(Duration::from_secs_f64(n as f64 / 10.0 / expected_rate));
+    let before = request_counts(&setup.leader.admin).await;
+    let (renewed, failed) = (setup.fleet.stats.renewals(), setup.fleet.stats.failures());
+    let cpu = Cpu::sample(&setup.procs);
+    let t = Instant::now();
+    tokio::time::sleep(window).await;
+    let secs = t.elapsed().as_secs_f64();
+    let cpu = cpu.shares(&setup.procs);
+    let after = request_counts(&setup.leader.admin).await;
+    let tokens = after.get(TOKEN_REQUESTS).copied().unwrap_or(0.0)
+        - before.get(TOKEN_REQUESTS).copied().unwrap_or(0.0);
+    Renewals {
+        ttl,
+        window,
+        api_rate: tokens / secs,
+        sim_rate: (setup.fleet.stats.renewals() - renewed) as f64 / secs,
+        expected_rate,
+        failures: setup.fleet.stats.renewal_failures(),
+        heartbeat_failures: setup.fleet.stats.failures() - failed,
+        writes: classify(&before, &after, secs).values().sum(),
+        cpu,
+    }
+}
+
+/// What a credential renewal creates (`apiserver_request_total` resource/subresource).
+const TOKEN_REQUESTS: &str = "serviceaccounts/token";
 
 /// Keeps the leader's log and metrics in `target/scale-bench/`, fails on any RBAC refusal, and
 /// returns the leader's reconcile error count.
@@ -921,6 +1026,19 @@ pub fn cpu_ticks(pid: u32) -> u64 {
     let get = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
     // utime and stime are fields 14 and 15, i.e. 11 and 12 after the ')'.
     get(11) + get(12)
+}
+
+/// Time `pid`'s live threads have spent on a CPU, in nanoseconds (`/proc/<pid>/task/*/schedstat`;
+/// finer than `cpu_ticks`, but a thread that exited is no longer counted).
+pub fn cpu_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()))
+        .sum()
 }
 
 /// A memory figure (`VmRSS`, `VmHWM`) of `pid` in MiB.

@@ -78,8 +78,26 @@ impl Leader {
         Self::run_in(cluster, leader_spec).await
     }
 
+    /// As `start`, with denied requests kept only `denied_retention` (the flag's default: 1 h).
+    pub async fn start_with_retention(
+        name: &str,
+        leader_spec: serde_json::Value,
+        denied_retention: Duration,
+    ) -> Self {
+        let cluster = TestCluster::start(name).await.expect("cluster");
+        Self::run_with(cluster, leader_spec, denied_retention).await
+    }
+
     /// Installs Tether in a started cluster and runs the leader controller in this process.
     pub async fn run_in(cluster: TestCluster, leader_spec: serde_json::Value) -> Self {
+        Self::run_with(cluster, leader_spec, Duration::from_secs(3600)).await
+    }
+
+    async fn run_with(
+        cluster: TestCluster,
+        leader_spec: serde_json::Value,
+        denied_retention: Duration,
+    ) -> Self {
         crate::init_logs();
         let admin = install_leader(&cluster, leader_spec).await;
         let as_leader = cluster
@@ -97,6 +115,7 @@ impl Leader {
             metrics: metrics.clone(),
             leader_url: cluster.url().to_string(),
             proxy: None,
+            denied_retention,
         };
         tokio::spawn(tether_leader::run(as_leader, opts, stop.clone()));
         Self {

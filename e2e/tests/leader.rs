@@ -298,3 +298,90 @@ async fn manual_approval_waits_for_an_admin_decision() {
     })
     .await;
 }
+
+/// A request the policy denied is deleted once the retention has passed since its creation, so
+/// that retrying agents do not pile requests up; an admin's denial stays.
+#[tokio::test]
+async fn policy_denials_are_deleted_after_their_retention_and_admin_denials_stay() {
+    let retention = Duration::from_secs(8);
+    let l = Leader::start_with_retention(
+        "leader-retention",
+        json!({"approval": {"mode": "Manual"}}),
+        retention,
+    )
+    .await;
+    let east = joiner(&l).await;
+    let api = Api::<ClusterRegistrationRequest>::namespaced(l.admin.clone(), HOME);
+    let decided = |name: &'static str, want: (RegistrationResult, RegistrationReason)| {
+        let api = api.clone();
+        async move {
+            eventually(&format!("{name} {want:?}"), Duration::from_secs(30), || async {
+                let r = api.get(name).await.map_err(|e| e.to_string())?;
+                if result(&r) == want {
+                    Ok(())
+                } else {
+                    Err(format!("{:?}", r.status))
+                }
+            })
+            .await
+        }
+    };
+    // NB: the CRD checks the key's shape; its checksum only the leader can (InvalidPublicKey).
+    let bad_key = format!("age1{}", "q".repeat(58));
+    let bad = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterRegistrationRequest",
+                     "metadata": {"name": "bad-key"},
+                     "spec": {"clusterID": "id-bad", "clusterName": "bad", "publicKey": bad_key}});
+    let mut unseen = tether_join::settle::Settle::unauthorized();
+    loop {
+        match create_raw::<ClusterRegistrationRequest>(&east.client, Some(HOME), bad.clone()).await {
+            Ok(_) => break,
+            Err(e) if unseen.tolerate(&e) => tokio::time::sleep(Duration::from_millis(200)).await,
+            Err(e) => panic!("request with a bad key: {e}"),
+        }
+    }
+    let created = std::time::Instant::now();
+    let by_admin = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterRegistrationRequest",
+                          "metadata": {"name": "east-1"},
+                          "spec": {"clusterID": "id-east", "clusterName": "east", "publicKey": east.public_key}});
+    create_raw::<ClusterRegistrationRequest>(&east.client, Some(HOME), by_admin)
+        .await
+        .expect("request");
+    decided(
+        "bad-key",
+        (RegistrationResult::Denied, RegistrationReason::InvalidPublicKey),
+    )
+    .await;
+    decided(
+        "east-1",
+        (RegistrationResult::Pending, RegistrationReason::AwaitingApproval),
+    )
+    .await;
+    let deny = Patch::Merge(json!({"status": {"decision": {"action": "Deny", "message": "not this one"}}}));
+    api.patch_status("east-1", &PatchParams::default(), &deny)
+        .await
+        .expect("admin denies");
+    decided(
+        "east-1",
+        (RegistrationResult::Denied, RegistrationReason::DeniedByAdmin),
+    )
+    .await;
+
+    eventually("bad-key deleted", Duration::from_secs(60), || async {
+        match api.get_opt("bad-key").await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let gone_after = created.elapsed();
+    assert!(
+        gone_after >= retention - Duration::from_secs(1),
+        "kept for its retention ({retention:?}), deleted after {gone_after:?}"
+    );
+    tokio::time::sleep(retention + Duration::from_secs(3)).await;
+    let kept = api.get("east-1").await.expect("the admin's denial is kept");
+    assert_eq!(
+        result(&kept),
+        (RegistrationResult::Denied, RegistrationReason::DeniedByAdmin)
+    );
+}

@@ -6,13 +6,15 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::Api;
 use serde_json::json;
 use tether_api::ClusterRegistrationRequest;
 use tether_e2e::fleet;
 use tether_e2e::scale::{Settings, run};
 use tether_e2e::sim::{HOME, join_token, wait_counts};
+use tether_sim::Fleet;
 use tether_testkit::controller::binary;
 use tether_testkit::eventually;
 
@@ -25,6 +27,7 @@ async fn scale_benchmark_smoke_run() {
         steady: Duration::from_secs(20),
         limit_window: Duration::from_secs(5),
         failover_window: Duration::from_secs(10),
+        credential_ttl: None,
     })
     .await;
     let table = o.table();
@@ -137,4 +140,48 @@ async fn tether_sim_binary_joins_heartbeats_and_leaves() {
     // Five members, one beat at join, then one every 2 s ± 10% for 6 s.
     assert!(accepted >= 10, "{stdout}");
     wait_counts(&leader.admin, (0, 0, 0, 0), Duration::from_secs(60)).await;
+}
+
+/// A simulated member renews its credential with the agent's code (one TokenRequest, then every
+/// request on the new token), and a renewal the leader refuses is counted as failed.
+#[tokio::test]
+async fn a_simulated_member_renews_its_credential_with_the_agents_code() {
+    let leader = fleet::leader(
+        "sim-renewal",
+        json!({"heartbeatInterval": "2s", "gracePeriod": "8s", "credentialTTL": "10m"}),
+    )
+    .await;
+    let token = join_token(&leader.admin).await;
+    let join = tether_e2e::scale::sim_join(&leader, &token);
+    let sim = eventually("the leader's CA published", Duration::from_secs(30), || async {
+        Fleet::connect(join.clone()).await.map_err(|e| e.to_string())
+    })
+    .await;
+    let (mut member, _) = sim.join("renewer").await.expect("member joins");
+    let first: Timestamp = member.credential_expiry().parse().expect("expiry");
+    let now = Timestamp::now();
+    assert!(
+        first > now + SignedDuration::from_secs(540) && first <= now + SignedDuration::from_secs(610),
+        "the credential lives 10 minutes: {first}"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    member.renew().await.expect("renewal");
+    let renewed: Timestamp = member.credential_expiry().parse().expect("expiry");
+    assert!(renewed > first, "a new credential: {first} → {renewed}");
+    assert_eq!((sim.stats.renewals(), sim.stats.renewal_failures()), (1, 0));
+    member
+        .beat()
+        .await
+        .expect("a heartbeat on the renewed credential");
+
+    Api::<ServiceAccount>::namespaced(leader.admin.clone(), &member.namespace)
+        .delete(member.service_account(), &Default::default())
+        .await
+        .expect("delete the member's ServiceAccount");
+    let refused = member
+        .renew()
+        .await
+        .expect_err("no renewal without the ServiceAccount");
+    assert!(refused.to_string().contains("renew credential"), "{refused}");
+    assert_eq!((sim.stats.renewals(), sim.stats.renewal_failures()), (1, 1));
 }

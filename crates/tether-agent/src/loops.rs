@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec, TokenRequestStatus};
 use k8s_openapi::api::core::v1::{Node, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
@@ -243,6 +243,39 @@ async fn observe(member: &Client, nodes: &reflector::Store<Node>) -> Report {
     }
 }
 
+/// How long to wait at `now` before renewing `stored`: until a third of its lifetime is left,
+/// less up to a tenth of that at random (so that credentials issued together, e.g. in a mass
+/// rejoin, drift apart), and never less than 5 s.
+pub fn renewal_delay(stored: &Stored, now: Timestamp) -> Duration {
+    let remaining = expiry(stored)
+        .map(|e| (e - now).get_seconds().max(0) as u64)
+        .unwrap_or(0);
+    let third = Duration::from_secs(stored.ttl_seconds.max(0) as u64 / 3);
+    let left = third.mul_f64(rand::rng().random_range(0.9..=1.0));
+    Duration::from_secs(remaining)
+        .saturating_sub(left)
+        .max(Duration::from_secs(5))
+}
+
+/// Asks the leader for a new token of `stored`'s ServiceAccount with the same lifetime (one
+/// TokenRequest, with the current credential); `None` if the answer carried no token.
+pub async fn request_token(
+    api: &Api<ServiceAccount>,
+    stored: &Stored,
+) -> Result<Option<TokenRequestStatus>, kube::Error> {
+    let req = TokenRequest {
+        spec: TokenRequestSpec {
+            expiration_seconds: Some(stored.ttl_seconds),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    let t = api
+        .create_token_request(&stored.credential.service_account, &PostParams::default(), &req)
+        .await?;
+    Ok(t.status)
+}
+
 pub(crate) async fn renew(
     sh: &Arc<Shared>,
     spec: &MemberSpec,
@@ -251,27 +284,11 @@ pub(crate) async fn renew(
     client_tx: watch::Sender<Client>,
 ) -> Result<(), Error> {
     loop {
-        let remaining = expiry(&stored)
-            .map(|e| (e - Timestamp::now()).get_seconds().max(0) as u64)
-            .unwrap_or(0);
-        // Renew with a third of the lifetime left.
-        let wait = Duration::from_secs(remaining.saturating_sub(stored.ttl_seconds as u64 / 3))
-            .max(Duration::from_secs(5));
-        tokio::time::sleep(wait).await;
+        tokio::time::sleep(renewal_delay(&stored, Timestamp::now())).await;
         let api = Api::<ServiceAccount>::namespaced(client_tx.borrow().clone(), &stored.credential.namespace);
-        let req = TokenRequest {
-            spec: TokenRequestSpec {
-                expiration_seconds: Some(stored.ttl_seconds),
-                ..TokenRequestSpec::default()
-            },
-            ..TokenRequest::default()
-        };
-        match api
-            .create_token_request(&stored.credential.service_account, &PostParams::default(), &req)
-            .await
-        {
+        match request_token(&api, &stored).await {
             Ok(t) => {
-                let Some(status) = t.status else { continue };
+                let Some(status) = t else { continue };
                 stored.credential.token = status.token;
                 stored.credential.expiration_timestamp = status.expiration_timestamp.0.to_string();
                 state::store_credential(&sh.ctx.client, &sh.ctx.namespace, &stored).await?;
@@ -294,5 +311,48 @@ pub(crate) async fn renew(
                 tokio::time::sleep(Duration::from_secs(10)).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::SignedDuration;
+    use tether_seal::MemberCredential;
+
+    fn stored(expires: &str, ttl_seconds: i64) -> Stored {
+        Stored {
+            credential: MemberCredential {
+                token: "t".into(),
+                expiration_timestamp: expires.into(),
+                namespace: "ns".into(),
+                service_account: "sa".into(),
+                ca_cert: String::new(),
+            },
+            ttl_seconds,
+        }
+    }
+
+    #[test]
+    fn renews_with_a_third_of_the_lifetime_left_less_a_little_jitter() {
+        let now: Timestamp = "2026-12-02T00:00:00Z".parse().expect("time");
+        let fresh = stored(&(now + SignedDuration::from_secs(600)).to_string(), 600);
+        let delays: Vec<u64> = (0..200).map(|_| renewal_delay(&fresh, now).as_secs()).collect();
+        // A third of 600 s is 200 s, less up to 20 s: renew 400–420 s after issue.
+        assert!(delays.iter().all(|d| (400..=420).contains(d)), "{delays:?}");
+        assert!(delays.iter().any(|d| *d != delays[0]), "jittered: {delays:?}");
+    }
+
+    #[test]
+    fn an_almost_expired_or_unreadable_credential_is_renewed_after_five_seconds() {
+        let now: Timestamp = "2026-12-02T00:00:00Z".parse().expect("time");
+        let late = stored(&(now + SignedDuration::from_secs(30)).to_string(), 600);
+        assert_eq!(renewal_delay(&late, now), Duration::from_secs(5));
+        let past = stored(&(now - SignedDuration::from_secs(30)).to_string(), 600);
+        assert_eq!(renewal_delay(&past, now), Duration::from_secs(5));
+        assert_eq!(
+            renewal_delay(&stored("not a time", 600), now),
+            Duration::from_secs(5)
+        );
     }
 }

@@ -93,6 +93,11 @@ pub struct LeaderArgs {
         default_value = "tether-leader-proxy-serving"
     )]
     pub proxy_secret: String,
+    /// How long a registration request the policy denied is kept, counted from its creation,
+    /// before the leader deletes it (retrying agents must not pile requests up); an admin's
+    /// denial is kept until someone deletes it.
+    #[arg(long, env = "TETHER_DENIED_REQUEST_RETENTION", default_value = "1h", value_parser = tether_api::duration::parse)]
+    pub denied_request_retention: std::time::Duration,
 }
 
 /// Parses flags and runs; the exit code says whether it stopped cleanly.
@@ -186,6 +191,7 @@ async fn run_leader(args: LeaderArgs) -> anyhow::Result<()> {
         metrics,
         leader_url,
         proxy,
+        denied_retention: args.denied_request_retention,
     };
     tether_leader::run(client, opts, p.shutdown.clone()).await;
     p.stopped().await;

@@ -54,6 +54,9 @@ pub struct Options {
     pub leader_url: String,
     /// Member access (the aggregated proxy API), if served.
     pub proxy: Option<proxy::ProxyOptions>,
+    /// How long a request the policy denied is kept (so its reason can be read) before it is
+    /// deleted; an admin's denial is kept until someone deletes it.
+    pub denied_retention: std::time::Duration,
 }
 
 /// Shared state of the leader's reconcilers.
@@ -84,6 +87,8 @@ pub struct Context {
     pub provisioning: tokio::sync::Semaphore,
     /// Paces each set's status (`clusterset::STATUS_EVERY`).
     pub status_throttle: clusterset::Throttle,
+    /// See `Options::denied_retention`.
+    pub denied_retention: std::time::Duration,
 }
 
 /// How many registrations are provisioned at once. Each takes three round trips; more in flight

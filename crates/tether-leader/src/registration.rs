@@ -1,6 +1,9 @@
 //! Reconciles ClusterRegistrationRequests: decides (policy.rs), provisions the member's objects
 //! (provision.rs), mints a TokenRequest token, seals it to the member's key and records the
-//! result. Only Pending requests are acted on, so a token is minted once per approval.
+//! result. Only Pending requests are acted on, so a token is minted once per approval. A request
+//! the policy denied is deleted once `Context::denied_retention` has passed since its creation,
+//! so that agents retrying (a lost-state rejoin while the old member is live, a wrong name) do
+//! not pile requests up; an admin's denial stays.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,6 +11,7 @@ use std::time::Duration;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -35,7 +39,13 @@ const REPLACE_RETRY: Duration = Duration::from_secs(3);
 pub async fn reconcile(req: Arc<ClusterRegistrationRequest>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.wait_ready().await;
     let status = req.status.clone().unwrap_or_default();
-    if status.result != RegistrationResult::Pending || !ctx.is_leader() {
+    if !ctx.is_leader() {
+        return Ok(Action::await_change());
+    }
+    if status.result == RegistrationResult::Denied && status.reason != RegistrationReason::DeniedByAdmin {
+        return expire_denied(&req, &ctx).await;
+    }
+    if status.result != RegistrationResult::Pending {
         return Ok(Action::await_change());
     }
     // First come, first served: tokio's semaphore is fair.
@@ -94,6 +104,29 @@ async fn deny(
     )
     .await;
     ctx.metrics.registrations(reason_label(reason));
+    Ok(Action::requeue(denied_left(
+        req,
+        ctx.denied_retention,
+        Timestamp::now(),
+    )))
+}
+
+/// How much longer the Denied `req` is kept at `now` (zero: delete it).
+fn denied_left(req: &ClusterRegistrationRequest, retention: Duration, now: Timestamp) -> Duration {
+    let created = req.meta().creation_timestamp.as_ref().map_or(now, |t| t.0);
+    let age = Duration::try_from(now.duration_since(created)).unwrap_or(Duration::ZERO);
+    retention.saturating_sub(age)
+}
+
+/// Deletes the Denied `req` once its retention has passed; until then, comes back when it has.
+async fn expire_denied(req: &ClusterRegistrationRequest, ctx: &Context) -> Result<Action, Error> {
+    let left = denied_left(req, ctx.denied_retention, Timestamp::now());
+    if !left.is_zero() {
+        return Ok(Action::requeue(left + Duration::from_secs(1)));
+    }
+    delete(ctx, &requests_api(ctx, req), &req.name_any()).await?;
+    info!(request = %req.name_any(), namespace = %req.namespace().unwrap_or_default(),
+          retention = ?ctx.denied_retention, "Deleted a denied registration request after its retention");
     Ok(Action::await_change())
 }
 

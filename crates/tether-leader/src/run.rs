@@ -93,6 +93,7 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         synced,
         provisioning: tokio::sync::Semaphore::new(PROVISIONING_SLOTS),
         status_throttle: clusterset::Throttle::default(),
+        denied_retention: opts.denied_retention,
     });
 
     // A ClusterSet created or changed re-queues every request of its namespace. Only spec

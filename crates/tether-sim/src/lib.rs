@@ -4,12 +4,14 @@
 //! pin-checked discovery (`discovery`), registration with the join token (`register::register`),
 //! one heartbeat per interval (`loops::beat`, the interval the leader asks for, jittered as
 //! the agent jitters it), a ManagedCluster status built by `report::summarize` and written by
-//! `report::write_status`, and leave (`deregister`).
+//! `report::write_status`, credential renewal (`loops::renewal_delay`, `loops::request_token`:
+//! one TokenRequest with a third of the lifetime left, jittered), and leave (`deregister`).
 //!
 //! What differs from N real agents, on purpose: all members share one HTTP connection pool
 //! (each request still carries the member's own token), so that 10,000 members do not open
 //! 10,000 TLS connections to an API server on the same small machine; and there is no member
-//! cluster behind them (their nodes are synthetic).
+//! cluster behind them (their nodes are synthetic), so a renewed credential is kept in memory, not
+//! written to a member Secret.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::jiff::Timestamp;
@@ -24,9 +27,10 @@ use kube::Client;
 use kube::api::Api;
 use kube::client::ConfigExt;
 use kube::client::retry::RetryPolicy;
-use tether_agent::loops::{beat, jittered};
+use tether_agent::loops::{beat, jittered, renewal_delay, request_token};
 use tether_agent::register::{Registration, Target, register};
 use tether_agent::report::{Report, status, summarize, write_status};
+use tether_agent::state::Stored;
 use tether_api::managedcluster::ApiServerHealth;
 use tether_api::{ManagedCluster, MemberClusterAnnounce};
 use tether_join::discovery::{self, Trust};
@@ -79,6 +83,10 @@ pub struct Stats {
     pub heartbeats: AtomicU64,
     /// Heartbeats that failed.
     pub heartbeat_failures: AtomicU64,
+    /// Credentials renewed (TokenRequests answered with a token).
+    pub renewals: AtomicU64,
+    /// Credential renewals that failed (each retried 10 s later).
+    pub renewal_failures: AtomicU64,
 }
 
 impl Stats {
@@ -91,13 +99,22 @@ impl Stats {
     pub fn failures(&self) -> u64 {
         self.heartbeat_failures.load(Ordering::Relaxed)
     }
+
+    /// Credentials renewed so far.
+    pub fn renewals(&self) -> u64 {
+        self.renewals.load(Ordering::Relaxed)
+    }
+
+    /// Credential renewals failed so far.
+    pub fn renewal_failures(&self) -> u64 {
+        self.renewal_failures.load(Ordering::Relaxed)
+    }
 }
 
 /// The shared side of all simulated members: the verified leader and one connection pool.
 pub struct Fleet {
     join: Join,
-    trust: Trust,
-    http: Http,
+    reach: Arc<Reach>,
     bootstrap: Client,
     /// Counters of all members of this fleet.
     pub stats: Arc<Stats>,
@@ -134,11 +151,15 @@ impl Fleet {
                 source,
             })?;
         let http = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector);
-        let bootstrap = client(&join.leader_url, &trust, &http, &join.token)?;
-        Ok(Self {
-            join,
+        let reach = Arc::new(Reach {
+            url: join.leader_url.clone(),
             trust,
             http,
+        });
+        let bootstrap = reach.client(&join.token)?;
+        Ok(Self {
+            join,
+            reach,
             bootstrap,
             stats: Arc::default(),
         })
@@ -165,21 +186,18 @@ impl Fleet {
         )
         .await?;
         let registered = started.elapsed();
-        let client = client(
-            &self.join.leader_url,
-            &self.trust,
-            &self.http,
-            &stored.credential.token,
-        )?;
+        let client = self.reach.client(&stored.credential.token)?;
         let ns = stored.credential.namespace.as_str();
         let mut member = Member {
             name: name.to_string(),
             namespace: ns.to_string(),
             announce: Api::namespaced(client.clone(), ns),
             cluster: Api::namespaced(client.clone(), ns),
-            client,
+            client: tokio::sync::watch::channel(client).0,
             interval: Duration::from_secs(10),
             stats: self.stats.clone(),
+            stored,
+            reach: self.reach.clone(),
         };
         // As the agent does: a fresh credential's 403 may be RBAC still reaching the authorizer.
         let mut forbidden = Settle::forbidden();
@@ -199,6 +217,20 @@ impl Fleet {
         let usable = started.elapsed();
         member.report().await?;
         Ok((member, Timings { registered, usable }))
+    }
+}
+
+/// The verified leader and the connection pool all members share.
+struct Reach {
+    url: String,
+    trust: Trust,
+    http: Http,
+}
+
+impl Reach {
+    /// A client of the leader with `token`, over the shared connection pool.
+    fn client(&self, token: &str) -> Result<Client, Error> {
+        client(&self.url, &self.trust, &self.http, token)
     }
 }
 
@@ -234,7 +266,11 @@ pub struct Member {
     /// The heartbeat interval the leader asked for last.
     pub interval: Duration,
     stats: Arc<Stats>,
-    client: Client,
+    /// The current client (replaced on each renewal; the tunnel dials with the latest).
+    client: tokio::sync::watch::Sender<Client>,
+    /// The credential as registration or the last renewal left it.
+    stored: Stored,
+    reach: Arc<Reach>,
 }
 
 impl Member {
@@ -279,21 +315,66 @@ impl Member {
             })
     }
 
+    /// When the current credential expires (RFC 3339).
+    pub fn credential_expiry(&self) -> &str {
+        &self.stored.credential.expiration_timestamp
+    }
+
+    /// The member's ServiceAccount on the leader (the credential's identity).
+    pub fn service_account(&self) -> &str {
+        &self.stored.credential.service_account
+    }
+
+    /// Renews the credential as the agent does (one TokenRequest with the current credential,
+    /// for the same lifetime) and switches every later request to the new token.
+    pub async fn renew(&mut self) -> Result<(), Error> {
+        let api = Api::<ServiceAccount>::namespaced(self.client.borrow().clone(), &self.namespace);
+        let answer = request_token(&api, &self.stored).await;
+        let status = match answer {
+            Ok(Some(status)) => status,
+            Ok(None) | Err(_) => {
+                self.stats.renewal_failures.fetch_add(1, Ordering::Relaxed);
+                return Err(Error::Leader {
+                    op: "renew credential",
+                    source: answer.err().unwrap_or_else(|| {
+                        kube::Error::Service("the TokenRequest answer carried no token".into())
+                    }),
+                });
+            }
+        };
+        self.stored.credential.token = status.token;
+        self.stored.credential.expiration_timestamp = status.expiration_timestamp.0.to_string();
+        let client = self.reach.client(&self.stored.credential.token)?;
+        self.announce = Api::namespaced(client.clone(), &self.namespace);
+        self.cluster = Api::namespaced(client.clone(), &self.namespace);
+        self.client.send_replace(client);
+        self.stats.renewals.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Heartbeats until `cancel`, as the agent's heartbeat loop does: the first one at a random
     /// point of the interval (so that members started together spread out), then every interval
-    /// ±10%. A failed heartbeat is counted and retried at the next beat.
+    /// ±10%. A failed heartbeat is counted and retried at the next beat. Renews the credential
+    /// when the agent would (`loops::renewal_delay`); a failed renewal is retried after 10 s.
     pub async fn heartbeat_until(mut self, cancel: CancellationToken) -> Self {
-        let first = self.interval.mul_f64(rand_fraction(&self.name));
-        let mut next = first;
+        let mut next_beat = Instant::now() + self.interval.mul_f64(rand_fraction(&self.name));
+        let mut next_renewal = Instant::now() + renewal_delay(&self.stored, Timestamp::now());
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return self,
-                _ = tokio::time::sleep(next) => {}
+                _ = tokio::time::sleep_until(next_beat.into()) => {
+                    if let Ok(interval) = self.beat().await {
+                        self.interval = interval;
+                    }
+                    next_beat = Instant::now() + jittered(self.interval);
+                }
+                _ = tokio::time::sleep_until(next_renewal.into()) => {
+                    next_renewal = Instant::now() + match self.renew().await {
+                        Ok(()) => renewal_delay(&self.stored, Timestamp::now()),
+                        Err(_) => Duration::from_secs(10),
+                    };
+                }
             }
-            if let Ok(interval) = self.beat().await {
-                self.interval = interval;
-            }
-            next = jittered(self.interval);
         }
     }
 
@@ -301,15 +382,15 @@ impl Member {
     /// (until the task is dropped). NB: a simulated member has no API server of its own; a
     /// request through its tunnel would reach the leader's API server as the member itself.
     pub fn tunnel(&self, set: &str) -> impl std::future::Future<Output = ()> + Send + use<> {
-        let (_keep, rx) = tokio::sync::watch::channel(self.client.clone());
+        let rx = self.client.subscribe();
+        let client = self.client.borrow().clone();
         let access = tether_agent::tunnel::MemberAccess {
-            agent: self.client.clone(),
-            bare: self.client.clone(),
+            agent: client.clone(),
+            bare: client,
             allow: Default::default(),
         };
         let (set, ns, name) = (set.to_string(), self.namespace.clone(), self.name.clone());
         async move {
-            let _keep = _keep;
             let _ = tether_agent::tunnel::run(rx, access, set, ns, name).await;
         }
     }
