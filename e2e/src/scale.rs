@@ -315,7 +315,10 @@ impl Outcome {
             row(
                 "writes/s while renewing (all)",
                 format!("{:.2} /s", r.writes),
-                format!("steady window without renewals: {:.2} /s", self.total_writes()),
+                format!(
+                    "steady window before it: {:.2} /s (members that joined ¾ TTL before it already renewed there)",
+                    self.total_writes()
+                ),
             );
             for (who, share) in &r.cpu {
                 row(
@@ -658,7 +661,9 @@ async fn measure_steady(settings: &Settings, setup: &Setup) -> Steady {
 
 /// Waits until every member is past its first renewal (the last one registered at the end of
 /// the registration phase renews within ¾ TTL of it), then counts renewals over a window of
-/// two minutes or N/10 renewals' worth, whichever is longer.
+/// two minutes or N/10 renewals' worth, whichever is longer. NB: a window shorter than one
+/// renewal period samples the members' phases, which follow the registration rate; the long-run
+/// mean is the expected rate.
 async fn measure_renewals(settings: &Settings, setup: &Setup, joined: &Joined, ttl: Duration) -> Renewals {
     let n = settings.members;
     let expected_rate = n as f64 / (ttl.as_secs_f64() * (1.0 - 0.95 / 3.0));

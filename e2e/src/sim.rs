@@ -197,6 +197,19 @@ pub async fn register(j: &Joiner, request: &str, name: &str, id: &str) -> Cluste
     register_in(j, HOME, request, name, id).await
 }
 
+/// Creates the registration request `body` in namespace `ns` with `j`'s join token; a 401 of the
+/// just-created token is retried as the agent does (`Settle::unauthorized`).
+pub async fn create_request(j: &Joiner, ns: &str, body: serde_json::Value) {
+    let mut unseen = tether_join::settle::Settle::unauthorized();
+    loop {
+        match create_raw::<ClusterRegistrationRequest>(&j.client, Some(ns), body.clone()).await {
+            Ok(_) => return,
+            Err(e) if unseen.tolerate(&e) => tokio::time::sleep(Duration::from_millis(200)).await,
+            Err(e) => panic!("create request {}: {e}", body["metadata"]["name"]),
+        }
+    }
+}
+
 /// Creates a registration request in namespace `ns` and waits until it is decided. A 401 of the
 /// just-created token is retried as the agent does (`Settle::unauthorized`).
 pub async fn register_in(
@@ -209,14 +222,7 @@ pub async fn register_in(
     let body = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterRegistrationRequest",
                       "metadata": {"name": request},
                       "spec": {"clusterID": id, "clusterName": name, "publicKey": j.public_key}});
-    let mut unseen = tether_join::settle::Settle::unauthorized();
-    loop {
-        match create_raw::<ClusterRegistrationRequest>(&j.client, Some(ns), body.clone()).await {
-            Ok(_) => break,
-            Err(e) if unseen.tolerate(&e) => tokio::time::sleep(Duration::from_millis(200)).await,
-            Err(e) => panic!("create request {request}: {e}"),
-        }
-    }
+    create_request(j, ns, body).await;
     let api = Api::<ClusterRegistrationRequest>::namespaced(j.client.clone(), ns);
     eventually(
         &format!("request {request} to be decided"),

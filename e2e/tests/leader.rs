@@ -331,21 +331,12 @@ async fn policy_denials_are_deleted_after_their_retention_and_admin_denials_stay
     let bad = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterRegistrationRequest",
                      "metadata": {"name": "bad-key"},
                      "spec": {"clusterID": "id-bad", "clusterName": "bad", "publicKey": bad_key}});
-    let mut unseen = tether_join::settle::Settle::unauthorized();
-    loop {
-        match create_raw::<ClusterRegistrationRequest>(&east.client, Some(HOME), bad.clone()).await {
-            Ok(_) => break,
-            Err(e) if unseen.tolerate(&e) => tokio::time::sleep(Duration::from_millis(200)).await,
-            Err(e) => panic!("request with a bad key: {e}"),
-        }
-    }
+    sim::create_request(&east, HOME, bad).await;
     let created = std::time::Instant::now();
     let by_admin = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterRegistrationRequest",
                           "metadata": {"name": "east-1"},
                           "spec": {"clusterID": "id-east", "clusterName": "east", "publicKey": east.public_key}});
-    create_raw::<ClusterRegistrationRequest>(&east.client, Some(HOME), by_admin)
-        .await
-        .expect("request");
+    sim::create_request(&east, HOME, by_admin).await;
     decided(
         "bad-key",
         (RegistrationResult::Denied, RegistrationReason::InvalidPublicKey),
