@@ -42,7 +42,7 @@ pub async fn reconcile(req: Arc<ClusterRegistrationRequest>, ctx: Arc<Context>) 
     if !ctx.is_leader() {
         return Ok(Action::await_change());
     }
-    if status.result == RegistrationResult::Denied && status.reason != RegistrationReason::DeniedByAdmin {
+    if status.result == RegistrationResult::Denied && expires(status.reason) {
         return expire_denied(&req, &ctx).await;
     }
     if status.result != RegistrationResult::Pending {
@@ -104,11 +104,17 @@ async fn deny(
     )
     .await;
     ctx.metrics.registrations(reason_label(reason));
-    Ok(Action::requeue(denied_left(
-        req,
-        ctx.denied_retention,
-        Timestamp::now(),
-    )))
+    if expires(reason) {
+        expire_denied(req, ctx).await
+    } else {
+        Ok(Action::await_change())
+    }
+}
+
+/// Whether a request denied for `reason` is deleted after the retention: the policy's denials
+/// are, an admin's decision is kept.
+fn expires(reason: RegistrationReason) -> bool {
+    reason != RegistrationReason::DeniedByAdmin
 }
 
 /// How much longer the Denied `req` is kept at `now` (zero: delete it).
