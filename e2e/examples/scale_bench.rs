@@ -3,10 +3,11 @@
 //! table per N, then a summary. See `docs/benchmarks.md` for the recorded numbers.
 //!
 //! `cargo run --release -p tether-e2e --example scale_bench -- [N…] [--concurrency C]
-//!  [--interval SECONDS] [--steady SECONDS] [--credential-ttl SECONDS]` (default N: 100 1000 5000
-//! 10000; concurrency: min(N, 1000); interval: chosen from the measured API server limit; steady:
-//! 60; credential TTL: the leader's default and no renewal window; with it, each run waits until
-//! every member renews at its own pace and measures the renewals, ¾ TTL after the last join).
+//!  [--interval SECONDS] [--steady SECONDS] [--credential-ttl SECONDS] [--failovers K]` (default N:
+//! 100 1000 5000 10000; concurrency: min(N, 1000); interval: chosen from the measured API server
+//! limit; steady: 60; credential TTL: the leader's default and no renewal window; with it, each
+//! run waits until every member renews at its own pace and measures the renewals, ¾ TTL after
+//! the last join; failovers: 1, each measured over its own 2 minutes).
 
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use tether_sim::quantile;
 async fn main() {
     let mut sizes = Vec::new();
     let (mut concurrency, mut interval, mut steady, mut ttl) = (None, None, 60u64, None);
+    let mut failovers = 1;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = |flag: &str| {
@@ -29,6 +31,7 @@ async fn main() {
             "--interval" => interval = Some(value("--interval")),
             "--steady" => steady = value("--steady"),
             "--credential-ttl" => ttl = Some(Duration::from_secs(value("--credential-ttl"))),
+            "--failovers" => failovers = value("--failovers") as usize,
             n => sizes.push(
                 n.parse::<usize>()
                     .unwrap_or_else(|_| panic!("not a member count: {n}")),
@@ -49,6 +52,7 @@ async fn main() {
             steady: Duration::from_secs(steady),
             limit_window: Duration::from_secs(15),
             failover_window: Duration::from_secs(120),
+            failovers,
             credential_ttl: ttl,
         };
         let o = run(&settings).await;

@@ -45,10 +45,23 @@ pub struct Settings {
     pub limit_window: Duration,
     /// How long the writes of a new leader are counted after a failover (the issue: 2 minutes).
     pub failover_window: Duration,
+    /// How many failovers, one after the other (each kills the leader the previous one started).
+    pub failovers: usize,
     /// The set's `credentialTTL`; when given, the run also measures credential renewals once
     /// every member is past its first one (None: the leader's default, 1 h, and no renewal
     /// window).
     pub credential_ttl: Option<Duration>,
+}
+
+/// One leader failover: the leader process killed, a new one started.
+#[derive(Clone, Debug, Default)]
+pub struct Failover {
+    /// Leader killed → the new leader process answers ready (caches listed, acting).
+    pub ready: Duration,
+    /// The new leader's peak RSS over the failover window (MiB).
+    pub peak_rss: f64,
+    /// Writes per second by kind in the new leader's first failover window.
+    pub writes: BTreeMap<String, f64>,
 }
 
 /// Credential renewals, measured over a window in which every member renews at its own pace.
@@ -119,12 +132,8 @@ pub struct Outcome {
     pub join_visible: Duration,
     /// A member's deregistration → ClusterSet status no longer counting it.
     pub leave_visible: Duration,
-    /// Leader killed → a new leader process answers ready (caches listed, acting).
-    pub failover_ready: Duration,
-    /// The new leader's peak RSS over the failover window (MiB).
-    pub failover_peak_rss: f64,
-    /// Writes per second by kind in the new leader's first `failover_window`.
-    pub failover_writes: BTreeMap<String, f64>,
+    /// Each failover, in order.
+    pub failovers: Vec<Failover>,
     /// The failover window.
     pub failover_window: Duration,
     /// Credential renewals, if the run measured them.
@@ -272,30 +281,37 @@ impl Outcome {
             s(self.leave_visible),
             "set status is paced to once a second".into(),
         );
-        row(
-            "leader failover: killed → new leader ready",
-            s(self.failover_ready),
-            "a new process lists every kind and acts; no Lease wait (election off here)".into(),
-        );
-        row(
-            "leader failover: new leader peak RSS",
-            format!("{:.0} MiB", self.failover_peak_rss),
-            format!("over its first {}", s(self.failover_window)),
-        );
-        let failover_total: f64 = self.failover_writes.values().sum();
-        row(
-            "leader failover: writes/s in the new leader's first window",
-            format!("{failover_total:.2} /s"),
-            format!(
-                "steady {:.2} /s; by kind: {}",
-                self.total_writes(),
-                self.failover_writes
-                    .iter()
-                    .map(|(k, v)| format!("{k} {v:.2}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        );
+        for (i, f) in self.failovers.iter().enumerate() {
+            let which = if self.failovers.len() == 1 {
+                "leader failover".to_string()
+            } else {
+                format!("leader failover {}", i + 1)
+            };
+            row(
+                &format!("{which}: killed → new leader ready"),
+                s(f.ready),
+                "a new process lists every kind and acts; no Lease wait (election off here)".into(),
+            );
+            row(
+                &format!("{which}: new leader peak RSS"),
+                format!("{:.0} MiB", f.peak_rss),
+                format!("over its first {}", s(self.failover_window)),
+            );
+            let total: f64 = f.writes.values().sum();
+            row(
+                &format!("{which}: writes/s in the new leader's first window"),
+                format!("{total:.2} /s"),
+                format!(
+                    "steady {:.2} /s; by kind: {}",
+                    self.total_writes(),
+                    f.writes
+                        .iter()
+                        .map(|(k, v)| format!("{k} {v:.2}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
+        }
         if let Some(r) = &self.renewals {
             row(
                 "credential renewals (TokenRequests/s)",
@@ -399,7 +415,6 @@ pub async fn run(settings: &Settings) -> Outcome {
     let leave_visible = t0.elapsed();
     let leader_peak_rss = rss_mib(setup.leader.controller.pid(), "VmHWM");
 
-    eprintln!("== [{n}] leader failover: the leader process killed, a new one started");
     let mut leader = setup.leader;
     let kubeconfig = tether_testkit::token_kubeconfig(
         &leader.cluster,
@@ -407,34 +422,11 @@ pub async fn run(settings: &Settings) -> Outcome {
         &crate::sim::leader_token(&leader.admin).await,
     )
     .expect("leader kubeconfig");
-    let before = request_counts(&leader.admin).await;
-    leader.controller.kill();
-    let killed = Instant::now();
-    leader.controller = tether_testkit::Controller::start(
-        &leader.cluster,
-        "tether-leader",
-        &kubeconfig,
-        &["leader", "--leader-elect=false"],
-    )
-    .expect("new leader process");
-    loop {
-        if let Ok((200, _)) = leader.controller.admin_get("/readyz").await {
-            break;
-        }
-        assert!(
-            killed.elapsed() < Duration::from_secs(600),
-            "the new leader ready within 10 min"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut failovers = Vec::new();
+    for i in 1..=settings.failovers.max(1) {
+        eprintln!("== [{n}] leader failover {i}: the leader process killed, a new one started");
+        failovers.push(failover(&mut leader, &kubeconfig, settings.failover_window).await);
     }
-    let failover_ready = killed.elapsed();
-    tokio::time::sleep(settings.failover_window.saturating_sub(killed.elapsed())).await;
-    let failover_writes = classify(
-        &before,
-        &request_counts(&leader.admin).await,
-        killed.elapsed().as_secs_f64(),
-    );
-    let failover_peak_rss = rss_mib(leader.controller.pid(), "VmHWM");
     let setup = Setup { leader, ..setup };
 
     joined.cancel.cancel();
@@ -464,11 +456,46 @@ pub async fn run(settings: &Settings) -> Outcome {
         detection,
         join_visible,
         leave_visible,
-        failover_ready,
-        failover_peak_rss,
-        failover_writes,
+        failovers,
         failover_window: settings.failover_window,
         renewals,
+    }
+}
+
+/// Kills the leader process and starts a new one with `kubeconfig`: how soon it is ready, its
+/// peak memory and its writes over its first `window`.
+async fn failover(leader: &mut LeaderSide, kubeconfig: &std::path::Path, window: Duration) -> Failover {
+    let before = request_counts(&leader.admin).await;
+    leader.controller.kill();
+    let killed = Instant::now();
+    leader.controller = tether_testkit::Controller::start(
+        &leader.cluster,
+        "tether-leader",
+        kubeconfig,
+        &["leader", "--leader-elect=false"],
+    )
+    .expect("new leader process");
+    loop {
+        if let Ok((200, _)) = leader.controller.admin_get("/readyz").await {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(600),
+            "the new leader ready within 10 min"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ready = killed.elapsed();
+    tokio::time::sleep(window.saturating_sub(killed.elapsed())).await;
+    let writes = classify(
+        &before,
+        &request_counts(&leader.admin).await,
+        killed.elapsed().as_secs_f64(),
+    );
+    Failover {
+        ready,
+        peak_rss: rss_mib(leader.controller.pid(), "VmHWM"),
+        writes,
     }
 }
 

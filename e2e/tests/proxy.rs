@@ -4,7 +4,8 @@
 //! against the real API servers: the leader's RBAC on `managedclusters/proxy`, the member's own
 //! RBAC on the impersonated or passed-through identity, forged headers, another member's agent,
 //! a watch longer than the leader's `--request-timeout`, an upgraded stream, a member whose
-//! agent is gone, and a failover of the leader replica.
+//! agent is gone, a rotated front-proxy CA (trusted and then dropped without a restart), and a
+//! failover of the leader replica.
 //!
 //! This binary has its own `main` (libtest-mimic): it moves into its lab network namespace
 //! first, so every address it uses lives in namespaces this run creates.
@@ -16,13 +17,13 @@ use futures::{StreamExt, TryStreamExt};
 use http::header::{CONNECTION, UPGRADE};
 use http::{Request, StatusCode};
 use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{Endpoints, Namespace, ServiceAccount};
-use kube::api::{Api, ObjectMeta, PostParams, WatchEvent, WatchParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Namespace, Secret, ServiceAccount};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tether_e2e::access::{apply, get, grant_proxy, through, wait_tunnel};
 use tether_e2e::fleet::{self, LeaderSide, MemberSide};
-use tether_e2e::sim::{join_token, ns_of};
+use tether_e2e::sim::{HOME, join_token, ns_of};
 use tether_testkit::{TestCluster, eventually, free_port, lab};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -315,6 +316,73 @@ async fn member_access() {
     west.start_agent();
     wait_tunnel(&leader, "west", "True").await;
 
+    step("the front-proxy CA rotates: the serving leader trusts the new CA without a restart");
+    let proxy_at = addr(port_a);
+    let rotated = tether_testkit::pki::Pki::generate("rotated-front-proxy").expect("new CA");
+    let identity = rotated
+        .client_cert(tether_testkit::cluster::FRONT_PROXY_CLIENT, None)
+        .expect("client cert");
+    let before = front_proxy_get(&leader, proxy_at, &identity).await;
+    assert!(
+        !before.starts_with("HTTP/1.1 200"),
+        "a certificate of an unknown CA is refused: {before}"
+    );
+    let configmaps = Api::<ConfigMap>::namespaced(leader.admin.clone(), "kube-system");
+    let trust = configmaps
+        .get("extension-apiserver-authentication")
+        .await
+        .expect("front-proxy ConfigMap");
+    let old_ca = trust
+        .data
+        .as_ref()
+        .and_then(|d| d.get("requestheader-client-ca-file"))
+        .cloned()
+        .expect("requestheader CA");
+    let set_ca = |pem: String| {
+        let configmaps = configmaps.clone();
+        async move {
+            configmaps
+                .patch(
+                    "extension-apiserver-authentication",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"data": {"requestheader-client-ca-file": pem}})),
+                )
+                .await
+                .expect("patch the front-proxy CA bundle");
+        }
+    };
+    set_ca(format!("{}\n{}", old_ca.trim_end(), rotated.ca_cert)).await;
+    eventually(
+        "the proxy trusts the added CA",
+        Duration::from_secs(30),
+        || async {
+            let answer = front_proxy_get(&leader, proxy_at, &identity).await;
+            if answer.starts_with("HTTP/1.1 200") && answer.contains(tether_tunnel::GROUP) {
+                Ok(())
+            } else {
+                Err(answer)
+            }
+        },
+    )
+    .await;
+    get(&alice, "/api/v1/namespaces", &[])
+        .await
+        .expect("the API server's own front-proxy certificate still works");
+    set_ca(old_ca).await;
+    eventually(
+        "the proxy stops trusting the removed CA",
+        Duration::from_secs(30),
+        || async {
+            let answer = front_proxy_get(&leader, proxy_at, &identity).await;
+            if answer.starts_with("HTTP/1.1 200") {
+                Err(answer)
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
+
     step("the leading replica is killed: the standby serves and the tunnels come back");
     let args = fleet::proxy_args(addr(port_b), 4);
     let _b = leader.start_replica("leader-b", &args).await;
@@ -505,6 +573,72 @@ async fn raw_upgrade(leader: &LeaderSide, user: &str, name: &str, path: &str) ->
     // NB: a TLS peer may close without close_notify; what was read before counts.
     let _ = s.read_to_end(&mut out).await;
     String::from_utf8_lossy(&out).to_string()
+}
+
+/// GETs the proxy's discovery document straight from the leader replica at `at` (not through
+/// the API server), presenting `identity` (certificate and key PEM) as the front proxy's client
+/// certificate: the answer's text, or what failed.
+async fn front_proxy_get(
+    leader: &LeaderSide,
+    at: std::net::SocketAddr,
+    identity: &(String, String),
+) -> String {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+    let secret = Api::<Secret>::namespaced(leader.admin.clone(), HOME)
+        .get("tether-leader-proxy-serving")
+        .await
+        .expect("proxy serving Secret");
+    let ca = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("ca.crt"))
+        .expect("ca.crt")
+        .0
+        .clone();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(&ca) {
+        roots.add(c.expect("serving CA")).expect("serving CA");
+    }
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(identity.0.as_bytes())
+        .collect::<Result<_, _>>()
+        .expect("client certificate");
+    let key = PrivateKeyDer::from_pem_slice(identity.1.as_bytes()).expect("client key");
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("TLS versions")
+    .with_root_certificates(roots)
+    .with_client_auth_cert(chain, key)
+    .expect("client auth");
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let name = rustls::pki_types::ServerName::try_from(format!("tether-leader-proxy.{HOME}.svc"))
+        .expect("server name");
+    let attempt = async {
+        let tcp = tokio::net::TcpStream::connect(at).await?;
+        let mut s = tls.connect(name, tcp).await?;
+        s.write_all(
+            format!(
+                "GET /apis/{}/{} HTTP/1.1\r\nHost: {at}\r\nX-Remote-User: rotation-check\r\nConnection: close\r\n\r\n",
+                tether_tunnel::GROUP,
+                tether_tunnel::VERSION
+            )
+            .as_bytes(),
+        )
+        .await?;
+        let mut out = Vec::new();
+        // NB: a TLS peer may close without close_notify; what was read before counts.
+        let read = s.read_to_end(&mut out).await;
+        if out.is_empty() {
+            read?;
+        }
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&out).to_string())
+    };
+    match tokio::time::timeout(Duration::from_secs(10), attempt).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(e)) => format!("failed: {e}"),
+        Err(_) => "failed: no answer within 10 s".to_string(),
+    }
 }
 
 /// Service `default/echo` of member `m`, backed by `echo_port` on the lab bridge. NB: the API

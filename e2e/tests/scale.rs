@@ -27,6 +27,7 @@ async fn scale_benchmark_smoke_run() {
         steady: Duration::from_secs(20),
         limit_window: Duration::from_secs(5),
         failover_window: Duration::from_secs(10),
+        failovers: 2,
         credential_ttl: None,
     })
     .await;
@@ -63,6 +64,19 @@ async fn scale_benchmark_smoke_run() {
         "a silent member is not marked lost before its grace period\n{table}"
     );
     assert!(o.leader_rss > 0.0 && o.leader_peak_rss >= o.leader_rss, "{table}");
+    assert_eq!(
+        o.failovers.len(),
+        2,
+        "two failovers, one after the other\n{table}"
+    );
+    for f in &o.failovers {
+        assert!(f.peak_rss > 0.0 && f.ready < Duration::from_secs(10), "{table}");
+        assert_eq!(
+            f.writes.get("ManagedCluster status").copied(),
+            Some(0.0),
+            "a new leader rewrites no member status\n{table}"
+        );
+    }
     assert!(
         o.steady_cpu.contains_key("tether leader") && o.steady_cpu.contains_key("kube-apiserver"),
         "{table}"

@@ -270,3 +270,32 @@ fn slim_cluster(mc: &mut ManagedCluster) {
         };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::Context;
+
+    /// The size of the future `f` returns: what one reconcile of its kind holds while it waits.
+    fn future_size<K, F, Fut>(_: F) -> usize
+    where
+        F: Fn(Arc<K>, Arc<Context>) -> Fut,
+    {
+        std::mem::size_of::<Fut>()
+    }
+
+    /// A new leader starts one registration reconcile per listed request (that controller has no
+    /// concurrency limit) and each waits for the caches first: what one holds while it waits
+    /// is multiplied by the requests. The member and set controllers run at most 16 at once.
+    #[test]
+    fn registration_reconciles_waiting_for_the_caches_are_small() {
+        let sizes = [
+            ("registration", future_size(crate::registration::reconcile)),
+            ("member", future_size(crate::members::reconcile)),
+            ("clusterset", future_size(crate::clusterset::reconcile)),
+        ];
+        eprintln!("reconcile future sizes (bytes): {sizes:?}");
+        assert!(sizes[0].1 <= 1024, "{sizes:?}");
+    }
+}

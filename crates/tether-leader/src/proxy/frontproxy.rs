@@ -20,7 +20,7 @@ pub const AUTH_NAMESPACE: &str = "kube-system";
 pub const AUTH_CONFIGMAP: &str = "extension-apiserver-authentication";
 
 /// The front-proxy trust the API server publishes.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FrontProxy {
     roots: Vec<CertificateDer<'static>>,
     allowed_names: Vec<String>,

@@ -1,7 +1,8 @@
 //! Member access through the leader: an aggregated API server (`proxy.multicluster.tether.dev`)
 //! that only the replica holding the Lease serves. On gaining leadership it reads the API
-//! server's front-proxy trust, makes sure the shared serving certificate exists and that the
-//! APIService trusts it, listens, and points the proxy Service's EndpointSlice at itself; on
+//! server's front-proxy trust (and follows it while serving: a rotated CA needs no restart),
+//! makes sure the shared serving certificate exists and that the APIService trusts it, listens,
+//! and points the proxy Service's EndpointSlice at itself; on
 //! losing it, it stops listening and closes every tunnel so agents reconnect to the new leader.
 
 pub mod frontproxy;
@@ -13,16 +14,18 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tether_api::conditions::{ConditionType, Reason, Status, condition, find};
 use tether_api::{ManagedCluster, ManagedClusterStatus};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -123,7 +126,8 @@ async fn serve(
     stop: CancellationToken,
 ) -> Result<(), ProxyError> {
     let client = &ctx.client;
-    let cm = Api::<ConfigMap>::namespaced(client.clone(), AUTH_NAMESPACE)
+    let configmaps = Api::<ConfigMap>::namespaced(client.clone(), AUTH_NAMESPACE);
+    let cm = configmaps
         .get(AUTH_CONFIGMAP)
         .await
         .map_err(api("read kube-system/extension-apiserver-authentication"))?;
@@ -140,7 +144,7 @@ async fn serve(
         .map_err(api(
             "set the caBundle of APIService v1alpha1.proxy.multicluster.tether.dev (install it with the leader chart or config/rbac/leader.yaml)",
         ))?;
-    let tls = tls_config(&front, &serving)?;
+    let first = Trust::new(front, &serving)?;
     let listener = tokio::net::TcpListener::bind(opts.addr)
         .await
         .map_err(|source| ProxyError::Listen {
@@ -161,20 +165,25 @@ async fn serve(
         .await
         .map_err(api("point the proxy EndpointSlice at this replica"))?;
     info!(addr = %bound, advertise = %opts.advertise, "Serving member access (proxy.multicluster.tether.dev)");
+    // NB: the front-proxy CA rotates without a restart of anything: new connections are
+    // verified against what the ConfigMap says now; open ones keep the trust they were
+    // verified with, as the API server's own aggregated servers do.
+    let (trust_tx, trust) = watch::channel(Arc::new(first));
+    let follow = follow_trust(configmaps, serving, trust_tx);
+    tokio::pin!(follow);
     let shared = Arc::new(server::Shared {
-        front,
         tunnels: tunnels.clone(),
         clusters: ctx.clusters.clone(),
         metrics: ctx.metrics.clone(),
         stop: stop.clone(),
     });
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     let sweep = sweep_stale(ctx.clone(), tunnels.clone());
     tokio::pin!(sweep);
     loop {
         let (tcp, _) = tokio::select! {
             _ = stop.cancelled() => return Ok(()),
             _ = &mut sweep => continue,
+            _ = &mut follow => continue,
             a = listener.accept() => match a {
                 Ok(a) => a,
                 Err(e) => { warn!(error = %e, "Accept failed"); continue }
@@ -182,15 +191,16 @@ async fn serve(
         };
         // NB: small HTTP/2 frames (a GET, a ping) must not wait for Nagle's delayed ACK.
         let _ = tcp.set_nodelay(true);
-        let (acceptor, shared) = (acceptor.clone(), shared.clone());
+        let (current, shared) = (trust.borrow().clone(), shared.clone());
         let stop = stop.clone();
         tokio::spawn(async move {
-            let Ok(tls) = acceptor.accept(tcp).await else {
+            let Ok(tls) = current.acceptor.accept(tcp).await else {
                 return;
             };
-            let front: Result<(), Arc<str>> = shared
+            let front: Result<Arc<FrontProxy>, Arc<str>> = current
                 .front
                 .check(tls.get_ref().1.peer_certificates())
+                .map(|()| current.front.clone())
                 .map_err(Arc::from);
             let svc =
                 hyper::service::service_fn(move |req| server::handle(req, front.clone(), shared.clone()));
@@ -244,6 +254,68 @@ async fn ensure_serving(client: &Client, opts: &ProxyOptions) -> Result<serving:
             source: e,
         }),
     }
+}
+
+/// The front-proxy trust of one moment and the TLS acceptor that verifies client certificates
+/// against it.
+struct Trust {
+    front: Arc<FrontProxy>,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl Trust {
+    fn new(front: FrontProxy, serving: &serving::Serving) -> Result<Self, ProxyError> {
+        let tls = tls_config(&front, serving)?;
+        Ok(Self {
+            front: Arc::new(front),
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(tls)),
+        })
+    }
+}
+
+/// Follows the API server's front-proxy ConfigMap for the rest of the serving term and
+/// publishes each changed trust. A ConfigMap that cannot be used keeps the last good trust
+/// (and says why in the log), so a bad edit never locks the API server out; a watch error is
+/// retried with backoff.
+async fn follow_trust(
+    configmaps: Api<ConfigMap>,
+    serving: serving::Serving,
+    trust: watch::Sender<Arc<Trust>>,
+) {
+    let config = watcher::Config::default().fields(&format!("metadata.name={AUTH_CONFIGMAP}"));
+    let mut events = std::pin::pin!(
+        watcher::watcher(configmaps, config)
+            .default_backoff()
+            .applied_objects()
+    );
+    while let Some(event) = events.next().await {
+        let cm = match event {
+            Ok(cm) => cm,
+            Err(e) => {
+                warn!(
+                    error = &e as &dyn std::error::Error,
+                    "Cannot watch {AUTH_NAMESPACE}/{AUTH_CONFIGMAP}; retrying"
+                );
+                continue;
+            }
+        };
+        let next = match FrontProxy::from_configmap(&cm) {
+            Ok(front) if front == *trust.borrow().front => continue,
+            Ok(front) => Trust::new(front, &serving),
+            Err(e) => Err(e.into()),
+        };
+        match next {
+            Ok(next) => {
+                info!("The API server's front-proxy trust changed; new connections are verified against it");
+                trust.send_replace(Arc::new(next));
+            }
+            Err(e) => error!(
+                error = &e as &dyn std::error::Error,
+                "The API server's front-proxy trust changed to one that cannot be used; keeping the previous one"
+            ),
+        }
+    }
+    std::future::pending::<()>().await;
 }
 
 fn tls_config(front: &FrontProxy, s: &serving::Serving) -> Result<rustls::ServerConfig, ProxyError> {

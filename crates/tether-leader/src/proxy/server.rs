@@ -38,8 +38,6 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// What every connection's handler shares.
 pub struct Shared {
-    /// The API server's front-proxy trust.
-    pub front: FrontProxy,
     /// Live tunnels.
     pub tunnels: Arc<Tunnels>,
     /// Every ManagedCluster the leader created.
@@ -50,10 +48,11 @@ pub struct Shared {
     pub stop: CancellationToken,
 }
 
-/// Answers one request; `front` says whether the connection's peer is the front proxy.
+/// Answers one request; `front` is the front-proxy trust the connection's peer was verified
+/// against, or why the peer is not the front proxy.
 pub async fn handle(
     req: Request<Incoming>,
-    front: Result<(), Arc<str>>,
+    front: Result<Arc<FrontProxy>, Arc<str>>,
     sh: Arc<Shared>,
 ) -> Result<Response<Body>, Infallible> {
     let path = req.uri().path().to_string();
@@ -61,11 +60,14 @@ pub async fn handle(
     if r == Route::Health {
         return Ok(text(StatusCode::OK, "ok"));
     }
-    if let Err(why) = front {
-        sh.metrics.proxied("unauthenticated");
-        return Ok(status(StatusCode::UNAUTHORIZED, &why));
-    }
-    let Some(caller) = sh.front.caller(req.headers()) else {
+    let front = match front {
+        Ok(front) => front,
+        Err(why) => {
+            sh.metrics.proxied("unauthenticated");
+            return Ok(status(StatusCode::UNAUTHORIZED, &why));
+        }
+    };
+    let Some(caller) = front.caller(req.headers()) else {
         sh.metrics.proxied("unauthenticated");
         return Ok(status(StatusCode::UNAUTHORIZED, "the front proxy named no user"));
     };
