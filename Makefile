@@ -45,9 +45,9 @@ test: tools check-generated lint image ## Everything CI checks: tools, generated
 	@echo "== cargo test (real control planes; tests/nodes.rs: real nodes running the image's pods; tests/renewal.rs beside the rest)"
 	CARGO="$(CARGO)" e2e/run-tests.sh
 
-bench: tools ## Benchmark: one leader against N simulated members (N="100 1000 5000 10000" by default; tens of minutes; TTL=600 also measures credential renewals; FAILOVERS=K repeats the failover)
+bench: tools ## Benchmark: one leader against N simulated members (N="100 1000 5000 10000" by default; tens of minutes; TTL=600 also measures credential renewals; FAILOVERS=K repeats the failover; FAILOVER_BINS=dirA,dirB runs those builds in turn)
 	$(CARGO) build --locked --release -p tether-controller
-	TETHER_BIN_DIR=$(CURDIR)/target/release $(CARGO) run --locked --release -q -p tether-e2e --example scale_bench -- $(N) $(if $(TTL),--credential-ttl $(TTL)) $(if $(FAILOVERS),--failovers $(FAILOVERS))
+	TETHER_BIN_DIR=$(CURDIR)/target/release $(CARGO) run --locked --release -q -p tether-e2e --example scale_bench -- $(N) $(if $(TTL),--credential-ttl $(TTL)) $(if $(FAILOVERS),--failovers $(FAILOVERS)) $(if $(FAILOVER_BINS),--failover-bins $(FAILOVER_BINS))
 
 soak: tools ## Soak: a leader with N simulated members for DURATION under random faults (N=1000 DURATION=30m; WITHOUT=leader-killed,... leaves faults out); prints the recovery table
 	$(CARGO) build --locked --release -p tether-controller

@@ -3,11 +3,13 @@
 //! table per N, then a summary. See `docs/benchmarks.md` for the recorded numbers.
 //!
 //! `cargo run --release -p tether-e2e --example scale_bench -- [N…] [--concurrency C]
-//!  [--interval SECONDS] [--steady SECONDS] [--credential-ttl SECONDS] [--failovers K]` (default N:
+//!  [--interval SECONDS] [--steady SECONDS] [--credential-ttl SECONDS] [--failovers K]
+//!  [--failover-bins DIR[,DIR…]]` (default N:
 //! 100 1000 5000 10000; concurrency: min(N, 1000); interval: chosen from the measured API server
 //! limit; steady: 60; credential TTL: the leader's default and no renewal window; with it, each
 //! run waits until every member renews at its own pace and measures the renewals, ¾ TTL after
-//! the last join; failovers: 1, each measured over its own 2 minutes).
+//! the last join; failovers: 1, each measured over its own 2 minutes; failover bins: the
+//! `tether-controller` each new leader runs, in turn, to compare two builds on one fleet).
 
 use std::time::Duration;
 
@@ -19,8 +21,14 @@ async fn main() {
     let mut sizes = Vec::new();
     let (mut concurrency, mut interval, mut steady, mut ttl) = (None, None, 60u64, None);
     let mut failovers = 1;
+    let mut failover_bins = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
+        if a == "--failover-bins" {
+            let dirs = args.next().expect("--failover-bins needs DIR[,DIR…]");
+            failover_bins = dirs.split(',').map(std::path::PathBuf::from).collect();
+            continue;
+        }
         let mut value = |flag: &str| {
             args.next()
                 .and_then(|v| v.parse::<u64>().ok())
@@ -53,6 +61,7 @@ async fn main() {
             limit_window: Duration::from_secs(15),
             failover_window: Duration::from_secs(120),
             failovers,
+            failover_bins: failover_bins.clone(),
             credential_ttl: ttl,
         };
         let o = run(&settings).await;

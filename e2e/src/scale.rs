@@ -47,6 +47,10 @@ pub struct Settings {
     pub failover_window: Duration,
     /// How many failovers, one after the other (each kills the leader the previous one started).
     pub failovers: usize,
+    /// Directories holding the `tether-controller` each new leader runs, in turn (failover i runs
+    /// the one in `failover_bins[i % len]`); empty: the workspace's, as the first leader. Two
+    /// builds compared on the same 10,000-member fleet.
+    pub failover_bins: Vec<std::path::PathBuf>,
     /// The set's `credentialTTL`; when given, the run also measures credential renewals once
     /// every member is past its first one (None: the leader's default, 1 h, and no renewal
     /// window).
@@ -56,6 +60,8 @@ pub struct Settings {
 /// One leader failover: the leader process killed, a new one started.
 #[derive(Clone, Debug, Default)]
 pub struct Failover {
+    /// The directory of the binary the new leader ran (None: the workspace's).
+    pub bin: Option<std::path::PathBuf>,
     /// Leader killed → the new leader process answers ready (caches listed, acting).
     pub ready: Duration,
     /// The new leader's peak RSS over the failover window (MiB).
@@ -282,11 +288,14 @@ impl Outcome {
             "set status is paced to once a second".into(),
         );
         for (i, f) in self.failovers.iter().enumerate() {
-            let which = if self.failovers.len() == 1 {
+            let mut which = if self.failovers.len() == 1 {
                 "leader failover".to_string()
             } else {
                 format!("leader failover {}", i + 1)
             };
+            if let Some(bin) = &f.bin {
+                which.push_str(&format!(" ({})", bin.display()));
+            }
             row(
                 &format!("{which}: killed → new leader ready"),
                 s(f.ready),
@@ -423,9 +432,17 @@ pub async fn run(settings: &Settings) -> Outcome {
     )
     .expect("leader kubeconfig");
     let mut failovers = Vec::new();
-    for i in 1..=settings.failovers.max(1) {
-        eprintln!("== [{n}] leader failover {i}: the leader process killed, a new one started");
-        failovers.push(failover(&mut leader, &kubeconfig, settings.failover_window).await);
+    for i in 0..settings.failovers.max(1) {
+        let bin = (!settings.failover_bins.is_empty())
+            .then(|| settings.failover_bins[i % settings.failover_bins.len()].clone());
+        eprintln!(
+            "== [{n}] leader failover {}: the leader process killed, a new one started{}",
+            i + 1,
+            bin.as_ref()
+                .map(|b| format!(" from {}", b.display()))
+                .unwrap_or_default()
+        );
+        failovers.push(failover(&mut leader, &kubeconfig, bin, settings.failover_window).await);
     }
     let setup = Setup { leader, ..setup };
 
@@ -464,16 +481,26 @@ pub async fn run(settings: &Settings) -> Outcome {
 
 /// Kills the leader process and starts a new one with `kubeconfig`: how soon it is ready, its
 /// peak memory and its writes over its first `window`.
-async fn failover(leader: &mut LeaderSide, kubeconfig: &std::path::Path, window: Duration) -> Failover {
+async fn failover(
+    leader: &mut LeaderSide,
+    kubeconfig: &std::path::Path,
+    bin: Option<std::path::PathBuf>,
+    window: Duration,
+) -> Failover {
     let before = request_counts(&leader.admin).await;
     leader.controller.kill();
     let killed = Instant::now();
-    leader.controller = tether_testkit::Controller::start(
-        &leader.cluster,
-        "tether-leader",
-        kubeconfig,
-        &["leader", "--leader-elect=false"],
-    )
+    let args = ["leader", "--leader-elect=false"];
+    leader.controller = match &bin {
+        Some(dir) => tether_testkit::Controller::start_binary(
+            &dir.join("tether-controller"),
+            &leader.cluster,
+            "tether-leader",
+            kubeconfig,
+            &args,
+        ),
+        None => tether_testkit::Controller::start(&leader.cluster, "tether-leader", kubeconfig, &args),
+    }
     .expect("new leader process");
     loop {
         if let Ok((200, _)) = leader.controller.admin_get("/readyz").await {
@@ -493,6 +520,7 @@ async fn failover(leader: &mut LeaderSide, kubeconfig: &std::path::Path, window:
         killed.elapsed().as_secs_f64(),
     );
     Failover {
+        bin,
         ready,
         peak_rss: rss_mib(leader.controller.pid(), "VmHWM"),
         writes,

@@ -28,6 +28,7 @@ async fn scale_benchmark_smoke_run() {
         limit_window: Duration::from_secs(5),
         failover_window: Duration::from_secs(10),
         failovers: 2,
+        failover_bins: Vec::new(),
         credential_ttl: None,
     })
     .await;

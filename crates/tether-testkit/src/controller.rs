@@ -61,8 +61,20 @@ pub struct Controller {
 impl Controller {
     /// Starts `tether-controller <args>` with `kubeconfig`, plain logs and a free admin port.
     pub fn start(cluster: &TestCluster, name: &str, kubeconfig: &Path, args: &[&str]) -> Result<Self, Error> {
+        Self::start_binary(&binary("tether-controller")?, cluster, name, kubeconfig, args)
+    }
+
+    /// As [`Controller::start`], with the `tether-controller` binary at `bin` (a benchmark
+    /// comparing two builds).
+    pub fn start_binary(
+        bin: &Path,
+        cluster: &TestCluster,
+        name: &str,
+        kubeconfig: &Path,
+        args: &[&str],
+    ) -> Result<Self, Error> {
         let admin: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
-        let mut cmd = Command::new(binary("tether-controller")?);
+        let mut cmd = Command::new(bin);
         cmd.args(args)
             .arg(format!("--admin-addr={admin}"))
             .arg("--log-format=plain")
