@@ -491,16 +491,17 @@ async fn failover(
     leader.controller.kill();
     let killed = Instant::now();
     let args = ["leader", "--leader-elect=false"];
-    leader.controller = match &bin {
-        Some(dir) => tether_testkit::Controller::start_binary(
-            &dir.join("tether-controller"),
-            &leader.cluster,
-            "tether-leader",
-            kubeconfig,
-            &args,
-        ),
-        None => tether_testkit::Controller::start(&leader.cluster, "tether-leader", kubeconfig, &args),
-    }
+    let binary = match &bin {
+        Some(dir) => dir.join("tether-controller"),
+        None => tether_testkit::controller::binary("tether-controller").expect("tether-controller"),
+    };
+    leader.controller = tether_testkit::Controller::start_binary(
+        &binary,
+        &leader.cluster,
+        "tether-leader",
+        kubeconfig,
+        &args,
+    )
     .expect("new leader process");
     loop {
         if let Ok((200, _)) = leader.controller.admin_get("/readyz").await {

@@ -4,8 +4,9 @@
 //! against the real API servers: the leader's RBAC on `managedclusters/proxy`, the member's own
 //! RBAC on the impersonated or passed-through identity, forged headers, another member's agent,
 //! a watch longer than the leader's `--request-timeout`, an upgraded stream, a member whose
-//! agent is gone, a rotated front-proxy CA (trusted and then dropped without a restart), and a
-//! failover of the leader replica.
+//! agent is gone, a rotated front-proxy CA (trusted and then dropped without a restart) and an
+//! unusable one (the last good trust kept), a failover of the leader replica, and an agent Role
+//! of an earlier version (no attach rule) that the new leader brings up to date.
 //!
 //! This binary has its own `main` (libtest-mimic): it moves into its lab network namespace
 //! first, so every address it uses lives in namespaces this run creates.
@@ -18,6 +19,7 @@ use http::header::{CONNECTION, UPGRADE};
 use http::{Request, StatusCode};
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -200,6 +202,55 @@ async fn member_access() {
         "{o:?}"
     );
 
+    step("a user granted only managedclusters/proxy in east's namespace: --member-namespace");
+    let alice_kubeconfig = leader.cluster.dir().join("alice.kubeconfig");
+    leader
+        .cluster
+        .write_user_kubeconfig("alice", Some("devs"), &alice_kubeconfig)
+        .expect("alice's kubeconfig");
+    let o = tether_as(
+        &alice_kubeconfig,
+        &["--cluster", "east", "--", "get", "ns", "-o", "name"],
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && stderr.contains("--member-namespace"),
+        "without the namespace, listing ManagedClusters is refused and the error says what to pass: {o:?}"
+    );
+    let east_ns = ns_of("east");
+    let o = tether_as(
+        &alice_kubeconfig,
+        &[
+            "--cluster",
+            "east",
+            "--member-namespace",
+            &east_ns,
+            "--",
+            "get",
+            "ns",
+            "-o",
+            "name",
+        ],
+    );
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("namespace/kube-system"),
+        "{o:?}"
+    );
+    let o = tether_as(
+        &carol_kubeconfig,
+        &[
+            "kubeconfig",
+            "--cluster",
+            "east",
+            "--member-namespace",
+            "tether-no-such-ns",
+        ],
+    );
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("no member \"east\" in namespace"),
+        "{o:?}"
+    );
+
     step("agent west cannot serve east's tunnel");
     let west_token = leader_sa_token(&leader, &ns_of("west")).await;
     let (code, body) = attach_as(&leader, &west_token, "east").await;
@@ -368,7 +419,7 @@ async fn member_access() {
     get(&alice, "/api/v1/namespaces", &[])
         .await
         .expect("the API server's own front-proxy certificate still works");
-    set_ca(old_ca).await;
+    set_ca(old_ca.clone()).await;
     eventually(
         "the proxy stops trusting the removed CA",
         Duration::from_secs(30),
@@ -383,9 +434,48 @@ async fn member_access() {
     )
     .await;
 
+    step("a front-proxy ConfigMap that cannot be used: the proxy keeps the last good trust");
+    set_ca("not a certificate".into()).await;
+    eventually(
+        "the leader sees the unusable ConfigMap and keeps its trust",
+        Duration::from_secs(30),
+        || async {
+            let log = leader.controller.log();
+            if log.contains("cannot be used; keeping the previous one") {
+                Ok(())
+            } else {
+                Err(leader.controller.log_tail(5))
+            }
+        },
+    )
+    .await;
+    get(&alice, "/api/v1/namespaces", &[])
+        .await
+        .expect("the API server's front proxy is still trusted");
+    let refused = front_proxy_get(&leader, proxy_at, &identity).await;
+    assert!(
+        !refused.starts_with("HTTP/1.1 200"),
+        "the removed CA stays refused: {refused}"
+    );
+    set_ca(old_ca).await;
+
+    step("west's agent Role as a leader before member access made it: no attach rule");
+    let west_roles = Api::<Role>::namespaced(leader.admin.clone(), &ns_of("west"));
+    let mut role = west_roles.get("tether-agent").await.expect("west's agent Role");
+    let full = role.rules.clone();
+    role.rules
+        .as_mut()
+        .expect("rules")
+        .retain(|r| !r.resources.iter().flatten().any(|x| x.ends_with("/attach")));
+    assert_ne!(role.rules, full, "the attach rule was there");
+    west_roles
+        .replace("tether-agent", &PostParams::default(), &role)
+        .await
+        .expect("strip the attach rule");
+
     step("the leading replica is killed: the standby serves and the tunnels come back");
     let args = fleet::proxy_args(addr(port_b), 4);
-    let _b = leader.start_replica("leader-b", &args).await;
+    let b = leader.start_replica("leader-b", &args).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let killed = Instant::now();
     leader.controller.kill();
@@ -397,6 +487,34 @@ async fn member_access() {
     .await;
     let back = killed.elapsed();
     eprintln!("member access back {back:.1?} after the leading replica was killed (lease 4 s)");
+
+    step("the new leader gives west's agent Role its attach rule back, and west's tunnel attaches");
+    eventually(
+        "west's agent Role is current again",
+        Duration::from_secs(60),
+        || async {
+            let now = west_roles.get("tether-agent").await.map_err(|e| e.to_string())?;
+            if now.rules != full {
+                Err(format!("{:?}", now.rules))
+            } else if !b.log().contains("Updated the agent Role to this version's rules") {
+                Err(format!("the new leader does not say so: {}", b.log_tail(20)))
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
+    eventually(
+        "west answers through the new leader (its agent refuses alice: it impersonates no one)",
+        Duration::from_secs(60),
+        || async {
+            match get(&alice_west, "/api/v1/namespaces", &[]).await {
+                Err((403, body)) if body.contains("member west allows no impersonation") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
     step("done");
     drop(east);
 }
@@ -407,18 +525,23 @@ fn kubectl_through(
     token: &std::path::Path,
     args: &[&str],
 ) -> std::process::Output {
+    let token = token.display().to_string();
+    let mut all = vec!["--cluster", "east", "--member-token-file", &token, "--"];
+    all.extend_from_slice(args);
+    tether_as(kubeconfig, &all)
+}
+
+/// `tether <args>` with `kubeconfig` for the leader.
+fn tether_as(kubeconfig: &std::path::Path, args: &[&str]) -> std::process::Output {
     std::process::Command::new(tether_testkit::controller::binary("tether").expect("tether"))
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .args(["--cluster", "east", "--member-token-file"])
-        .arg(token)
-        .arg("--")
         .args(args)
         .env(
             "KUBECTL",
             tether_testkit::Tools::locate().expect("tools").path("kubectl"),
         )
         .output()
-        .expect("tether --cluster east")
+        .expect("tether")
 }
 
 /// A misconfiguration: the agent ServiceAccount of `other_ns` may attach member `name` too.

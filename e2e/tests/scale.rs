@@ -18,6 +18,15 @@ use tether_sim::Fleet;
 use tether_testkit::controller::binary;
 use tether_testkit::eventually;
 
+/// The directory of the workspace's `tether-controller`.
+fn workspace_bins() -> std::path::PathBuf {
+    binary("tether-controller")
+        .expect("tether-controller")
+        .parent()
+        .expect("its directory")
+        .to_path_buf()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_benchmark_smoke_run() {
     let o = run(&Settings {
@@ -28,7 +37,8 @@ async fn scale_benchmark_smoke_run() {
         limit_window: Duration::from_secs(5),
         failover_window: Duration::from_secs(10),
         failovers: 2,
-        failover_bins: Vec::new(),
+        // The workspace's own build, named as a benchmark comparing builds names its directories.
+        failover_bins: vec![workspace_bins()],
         credential_ttl: None,
     })
     .await;
@@ -72,6 +82,11 @@ async fn scale_benchmark_smoke_run() {
     );
     for f in &o.failovers {
         assert!(f.peak_rss > 0.0 && f.ready < Duration::from_secs(10), "{table}");
+        assert_eq!(
+            f.bin,
+            Some(workspace_bins()),
+            "each new leader ran the named build\n{table}"
+        );
         assert_eq!(
             f.writes.get("ManagedCluster status").copied(),
             Some(0.0),

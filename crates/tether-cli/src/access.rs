@@ -38,29 +38,88 @@ pub struct KubeconfigArgs {
     /// The ClusterSet, when several sets have a member of that name.
     #[arg(long)]
     pub clusterset: Option<String>,
+    /// The member's namespace on the leader. Needed only if you may not list ManagedClusters
+    /// (say, you were granted managedclusters/proxy in that one namespace).
+    #[arg(long, value_name = "NAMESPACE")]
+    pub member_namespace: Option<String>,
     /// Write the kubeconfig here (mode 0600) instead of printing it.
     #[arg(short, long)]
     pub output: Option<PathBuf>,
 }
 
-/// The ManagedCluster `name` (in `set`, if given) on the leader.
-async fn find_member(target: &Target, name: &str, set: Option<&str>) -> anyhow::Result<ManagedCluster> {
+/// Which member to reach, as the user named it.
+#[derive(Clone, Copy, Debug)]
+pub struct MemberRef<'a> {
+    /// The ManagedCluster name.
+    pub name: &'a str,
+    /// The ClusterSet, when several sets have a member of that name.
+    pub set: Option<&'a str>,
+    /// The member's namespace on the leader, for users who may not list ManagedClusters.
+    pub namespace: Option<&'a str>,
+}
+
+/// Where a member lives on the leader.
+struct Located {
+    /// Its dedicated namespace.
+    namespace: String,
+    /// Its ClusterSet, when the user may read its ManagedCluster.
+    set: Option<String>,
+}
+
+impl Located {
+    /// The kubeconfig entry (cluster and context) name.
+    fn entry(&self, name: &str) -> String {
+        match &self.set {
+            Some(set) => format!("tether-{set}-{name}"),
+            None => format!("tether-{name}"),
+        }
+    }
+}
+
+/// Finds member `m` on the leader. With its namespace given, one `get` in that namespace: a
+/// user granted only `managedclusters/proxy` there (and not even `get`) still gets through, as
+/// the proxy request itself is what the leader authorizes. Otherwise, one list by label.
+async fn find_member(target: &Target, m: MemberRef<'_>) -> anyhow::Result<Located> {
     let client = target.client().await?;
+    let name = m.name;
+    if let Some(ns) = m.namespace {
+        return match Api::<ManagedCluster>::namespaced(client, ns).get(name).await {
+            Ok(mc) => Ok(Located {
+                namespace: ns.to_string(),
+                set: Some(mc.spec.cluster_set),
+            }),
+            Err(kube::Error::Api(s)) if s.code == 403 => Ok(Located {
+                namespace: ns.to_string(),
+                set: m.set.map(str::to_string),
+            }),
+            Err(kube::Error::Api(s)) if s.code == 404 => bail!(
+                "no member {name:?} in namespace {ns} on this leader: `kubectl get mcls -A` (or your \
+                 admin) tells each member's namespace"
+            ),
+            Err(err) => Err(err).with_context(|| format!("cannot read ManagedCluster {ns}/{name}")),
+        };
+    }
     let mut selector = format!("{}={name}", labels::CLUSTER_NAME);
-    if let Some(set) = set {
+    if let Some(set) = m.set {
         selector.push_str(&format!(",{}={set}", labels::CLUSTER_SET));
     }
     let found: ObjectList<ManagedCluster> = Api::<ManagedCluster>::all(client)
         .list(&ListParams::default().labels(&selector))
         .await
-        .context("cannot list ManagedClusters: is this the leader, and may you list mcls?")?;
+        .context(
+            "cannot list ManagedClusters: is this the leader? If you may reach only some members, \
+             pass --member-namespace with the member's namespace on the leader",
+        )?;
     let mut items = found.items;
     match (items.pop(), items.is_empty()) {
         (None, _) => bail!(
             "no member {name:?} on this leader{}: `tether status` lists the members",
-            set.map(|s| format!(" in ClusterSet {s}")).unwrap_or_default()
+            m.set.map(|s| format!(" in ClusterSet {s}")).unwrap_or_default()
         ),
-        (Some(one), true) => Ok(one),
+        (Some(one), true) => Ok(Located {
+            namespace: one.namespace().unwrap_or_default(),
+            set: Some(one.spec.cluster_set),
+        }),
         (Some(last), false) => {
             let sets: Vec<String> = items
                 .iter()
@@ -76,9 +135,9 @@ async fn find_member(target: &Target, name: &str, set: Option<&str>) -> anyhow::
 }
 
 /// A kubeconfig that reaches member `name` through the leader with the current credentials.
-pub async fn member_kubeconfig(target: &Target, name: &str, set: Option<&str>) -> anyhow::Result<Kubeconfig> {
-    let mc = find_member(target, name, set).await?;
-    let namespace = mc.namespace().unwrap_or_default();
+pub async fn member_kubeconfig(target: &Target, m: MemberRef<'_>) -> anyhow::Result<Kubeconfig> {
+    let name = m.name;
+    let found = find_member(target, m).await?;
     let raw = match &target.kubeconfig {
         Some(path) => Kubeconfig::read_from(path)
             .with_context(|| format!("cannot read kubeconfig {}", path.display()))?,
@@ -108,7 +167,7 @@ pub async fn member_kubeconfig(target: &Target, name: &str, set: Option<&str>) -
         .as_ref()
         .and_then(|u| raw.auth_infos.iter().find(|a| &a.name == u))
         .cloned();
-    let entry = format!("tether-{}-{name}", mc.spec.cluster_set);
+    let entry = found.entry(name);
     if let Some(c) = cluster.cluster.as_mut() {
         let server = c
             .server
@@ -117,7 +176,7 @@ pub async fn member_kubeconfig(target: &Target, name: &str, set: Option<&str>) -
         c.server = Some(format!(
             "{}{}",
             server.trim_end_matches('/'),
-            tether_tunnel::proxy_path(&namespace, name)
+            tether_tunnel::proxy_path(&found.namespace, name)
         ));
     }
     cluster.name = entry.clone();
@@ -153,7 +212,12 @@ fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
 
 /// `tether kubeconfig --cluster <member>`.
 pub async fn kubeconfig(target: &Target, args: KubeconfigArgs) -> anyhow::Result<()> {
-    let kc = member_kubeconfig(target, &args.cluster, args.clusterset.as_deref()).await?;
+    let member = MemberRef {
+        name: &args.cluster,
+        set: args.clusterset.as_deref(),
+        namespace: args.member_namespace.as_deref(),
+    };
+    let kc = member_kubeconfig(target, member).await?;
     let text = serde_norway::to_string(&kc).context("cannot write the kubeconfig")?;
     match args.output {
         Some(path) => {
@@ -188,21 +252,20 @@ fn local_kubeconfig(e: &passthrough::Endpoint, name: &str) -> anyhow::Result<Kub
 /// exit code.
 pub async fn kubectl(
     target: &Target,
-    member: &str,
-    set: Option<&str>,
+    member: MemberRef<'_>,
     member_token: Option<&std::path::Path>,
     args: &[String],
 ) -> anyhow::Result<i32> {
     let mut local = None;
     let kc = match member_token {
-        None => member_kubeconfig(target, member, set).await?,
+        None => member_kubeconfig(target, member).await?,
         Some(file) => {
             let token = passthrough::read_member_token(file)?;
-            let mc = find_member(target, member, set).await?;
-            let base = tether_tunnel::proxy_path(&mc.namespace().unwrap_or_default(), member);
+            let found = find_member(target, member).await?;
+            let base = tether_tunnel::proxy_path(&found.namespace, member.name);
             let (endpoint, task) = passthrough::start(target.client().await?, base, &token).await?;
             local = Some(task);
-            local_kubeconfig(&endpoint, &format!("tether-{}-{member}", mc.spec.cluster_set))?
+            local_kubeconfig(&endpoint, &found.entry(member.name))?
         }
     };
     let _stop = local.map(AbortOnDrop);

@@ -49,6 +49,10 @@ pub struct Cli {
     /// With --cluster: the ClusterSet, when several sets have a member of that name.
     #[arg(long = "in-clusterset", value_name = "SET", requires = "cluster")]
     pub in_clusterset: Option<String>,
+    /// With --cluster: the member's namespace on the leader. Needed only if you may not list
+    /// ManagedClusters (say, you were granted managedclusters/proxy in that one namespace).
+    #[arg(long, value_name = "NAMESPACE", requires = "cluster")]
+    pub member_namespace: Option<String>,
     /// With --cluster: pass this member token through (a file holding a bearer token of the
     /// member cluster), so the member's RBAC decides as that token, not as your leader identity.
     #[arg(long, value_name = "FILE", requires = "cluster")]
@@ -121,8 +125,11 @@ pub fn main() -> ExitCode {
         let target = target(&cli);
         let code = runtime.block_on(access::kubectl(
             &target,
-            member,
-            cli.in_clusterset.as_deref(),
+            access::MemberRef {
+                name: member,
+                set: cli.in_clusterset.as_deref(),
+                namespace: cli.member_namespace.as_deref(),
+            },
             cli.member_token_file.as_deref(),
             &cli.kubectl,
         ));

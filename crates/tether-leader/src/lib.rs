@@ -17,6 +17,7 @@ pub mod policy;
 pub mod provision;
 pub mod proxy;
 pub mod registration;
+pub mod roles;
 mod run;
 pub mod status;
 mod streams;

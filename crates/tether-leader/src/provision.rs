@@ -48,6 +48,97 @@ pub fn member_labels(set: &SetRef, name: &str, id: &str) -> BTreeMap<String, Str
     l
 }
 
+/// What member `name`'s agent may do on the leader: read the member records, write only its own
+/// status and announce, renew its own token and attach its own tunnel.
+pub fn agent_rules(name: &str) -> Vec<PolicyRule> {
+    let rule = |resources: &[&str], verbs: &[&str], names: Option<&str>, group: &str| PolicyRule {
+        api_groups: Some(vec![group.to_string()]),
+        resources: Some(resources.iter().map(|r| r.to_string()).collect()),
+        verbs: verbs.iter().map(|v| v.to_string()).collect(),
+        resource_names: names.map(|n| vec![n.to_string()]),
+        ..PolicyRule::default()
+    };
+    let group = tether_api::GROUP;
+    vec![
+        rule(&["managedclusters"], &["get", "list", "watch"], None, group),
+        rule(
+            &["managedclusters/status"],
+            &["get", "patch", "update"],
+            Some(name),
+            group,
+        ),
+        rule(
+            &["memberclusterannounces"],
+            &["get", "list", "watch"],
+            None,
+            group,
+        ),
+        rule(
+            &["memberclusterannounces"],
+            &["patch", "update", "delete"],
+            Some(name),
+            group,
+        ),
+        rule(
+            &["serviceaccounts/token"],
+            &["create"],
+            Some(AGENT_SERVICE_ACCOUNT),
+            "",
+        ),
+        // Member access: the agent attaches the tunnel of its own member only.
+        rule(
+            &[&format!("{}/{}", tether_tunnel::RESOURCE, tether_tunnel::ATTACH)],
+            &["get"],
+            Some(name),
+            tether_tunnel::GROUP,
+        ),
+    ]
+}
+
+/// The agent Role of member `name` in its namespace.
+fn agent_role(namespace: &str, name: &str, labels: BTreeMap<String, String>) -> Role {
+    Role {
+        metadata: ObjectMeta {
+            name: Some(AGENT_ROLE.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        },
+        rules: Some(agent_rules(name)),
+    }
+}
+
+/// The Role to apply in place of `existing`, an agent Role an earlier leader version made, when
+/// its rules are not this version's (a member approved before member access lacks `attach`);
+/// `None` when it is current or not a leader-made agent Role. The labels are the leader's own
+/// (whatever an admin added stays theirs), so the apply changes the rules only.
+pub fn outdated_agent_role(existing: &Role) -> Option<Role> {
+    let l = existing.labels();
+    let name = l.get(labels::CLUSTER_NAME)?;
+    if existing.metadata.name.as_deref() != Some(AGENT_ROLE)
+        || l.get(labels::MANAGED_BY).map(String::as_str) != Some(FIELD_MANAGER)
+    {
+        return None;
+    }
+    let want = agent_rules(name);
+    if existing.rules.as_ref() == Some(&want) {
+        return None;
+    }
+    let own = [
+        labels::CLUSTER_SET,
+        labels::CLUSTER_SET_NAMESPACE,
+        labels::CLUSTER_NAME,
+        labels::CLUSTER_ID,
+        labels::MANAGED_BY,
+    ];
+    let kept = l
+        .iter()
+        .filter(|(k, _)| own.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    Some(agent_role(&existing.namespace()?, name, kept))
+}
+
 /// Builds the member's objects for an approved request.
 pub fn member_objects(
     req: &ClusterRegistrationRequest,
@@ -64,51 +155,7 @@ pub fn member_objects(
         labels: Some(lbl.clone()),
         ..ObjectMeta::default()
     };
-    let rule = |resources: &[&str], verbs: &[&str], names: Option<&str>, group: &str| PolicyRule {
-        api_groups: Some(vec![group.to_string()]),
-        resources: Some(resources.iter().map(|r| r.to_string()).collect()),
-        verbs: verbs.iter().map(|v| v.to_string()).collect(),
-        resource_names: names.map(|n| vec![n.to_string()]),
-        ..PolicyRule::default()
-    };
-    let group = tether_api::GROUP;
-    let role = Role {
-        metadata: meta(AGENT_ROLE),
-        rules: Some(vec![
-            rule(&["managedclusters"], &["get", "list", "watch"], None, group),
-            rule(
-                &["managedclusters/status"],
-                &["get", "patch", "update"],
-                Some(name),
-                group,
-            ),
-            rule(
-                &["memberclusterannounces"],
-                &["get", "list", "watch"],
-                None,
-                group,
-            ),
-            rule(
-                &["memberclusterannounces"],
-                &["patch", "update", "delete"],
-                Some(name),
-                group,
-            ),
-            rule(
-                &["serviceaccounts/token"],
-                &["create"],
-                Some(AGENT_SERVICE_ACCOUNT),
-                "",
-            ),
-            // Member access: the agent attaches the tunnel of its own member only.
-            rule(
-                &[&format!("{}/{}", tether_tunnel::RESOURCE, tether_tunnel::ATTACH)],
-                &["get"],
-                Some(name),
-                tether_tunnel::GROUP,
-            ),
-        ]),
-    };
+    let role = agent_role(namespace, name, lbl.clone());
     let role_binding = RoleBinding {
         metadata: meta(AGENT_ROLE),
         role_ref: RoleRef {
@@ -238,5 +285,42 @@ mod tests {
             !is_members_namespace(&Namespace::default(), &set, "east"),
             "an unlabelled namespace is not adopted"
         );
+    }
+
+    #[test]
+    fn an_agent_role_of_an_earlier_version_is_brought_up_to_date() {
+        let set = SetRef::new("tether-system", "prod");
+        let ns = "tether-prod-east";
+        let mut lbl = member_labels(&set, "east", "id-1");
+        let current = agent_role(ns, "east", lbl.clone());
+        assert!(
+            outdated_agent_role(&current).is_none(),
+            "a current Role is left alone"
+        );
+
+        // As a leader before member access made it: no `attach` rule; an admin added a label.
+        let mut old = current.clone();
+        old.rules.as_mut().unwrap().pop();
+        old.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("team".into(), "ops".into());
+        let fixed = outdated_agent_role(&old).expect("an outdated Role is updated");
+        assert_eq!(fixed.rules, current.rules);
+        assert_eq!(fixed.metadata.namespace.as_deref(), Some(ns));
+        assert_eq!(
+            fixed.metadata.labels, current.metadata.labels,
+            "only the leader's labels"
+        );
+
+        // Not the leader's agent Role: never touched.
+        let mut foreign = old.clone();
+        foreign.metadata.name = Some("stray-attach".into());
+        assert!(outdated_agent_role(&foreign).is_none());
+        lbl.remove(labels::MANAGED_BY);
+        let mut unmanaged = old;
+        unmanaged.metadata.labels = Some(lbl);
+        assert!(outdated_agent_role(&unmanaged).is_none());
     }
 }

@@ -162,6 +162,7 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         opts.leader_url.clone(),
         opts.leader.clone(),
     ));
+    let roles = tokio::spawn(crate::roles::on_each_term(ctx.clone(), opts.leader.clone()));
     let proxy = opts.proxy.clone().map(|p| {
         let ctx = ctx.clone();
         let shutdown = shutdown.clone();
@@ -181,6 +182,7 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
     };
     futures::join!(registration, members, sets_ctl, ready);
     publish.abort();
+    roles.abort();
     if let Some(p) = proxy {
         let _ = p.await;
     }
