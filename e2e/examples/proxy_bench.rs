@@ -82,6 +82,7 @@ async fn bench(tunnels: usize, latency_only: bool) {
         json!({"heartbeatInterval": "60s", "gracePeriod": "240s"}),
         addr,
         15,
+        &[],
     )
     .await;
     let token = join_token(&leader.admin).await;

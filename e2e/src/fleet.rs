@@ -56,21 +56,24 @@ pub async fn leader_with_proxy(
     leader_spec: serde_json::Value,
     proxy_addr: std::net::SocketAddr,
     lease_seconds: u64,
+    extra: &[&str],
 ) -> LeaderSide {
-    let args = proxy_args(proxy_addr, lease_seconds);
+    let args = proxy_args(proxy_addr, lease_seconds, extra);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     leader_process(cluster, Some(leader_spec), &args, true).await
 }
 
-/// The flags of a leader replica serving member access on `proxy_addr`.
-pub fn proxy_args(proxy_addr: std::net::SocketAddr, lease_seconds: u64) -> Vec<String> {
-    vec![
+/// The flags of a leader replica serving member access on `proxy_addr`, and `extra`.
+pub fn proxy_args(proxy_addr: std::net::SocketAddr, lease_seconds: u64, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = vec![
         "leader".into(),
         "--leader-elect=true".into(),
         format!("--lease-duration={lease_seconds}"),
         format!("--proxy-addr={proxy_addr}"),
         format!("--proxy-advertise-address={}", proxy_addr.ip()),
-    ]
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
 }
 
 impl LeaderSide {

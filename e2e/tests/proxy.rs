@@ -5,7 +5,8 @@
 //! RBAC on the impersonated or passed-through identity, forged headers, another member's agent,
 //! a watch longer than the leader's `--request-timeout`, an upgraded stream, a member whose
 //! agent is gone, a rotated front-proxy CA (trusted and then dropped without a restart) and an
-//! unusable one (the last good trust kept), a failover of the leader replica, and an agent Role
+//! unusable one (the last good trust kept), the serving certificate renewed from the same CA
+//! while serving, a failover of the leader replica, and an agent Role
 //! of an earlier version (no attach rule) that the new leader brings up to date.
 //!
 //! This binary has its own `main` (libtest-mimic): it moves into its lab network namespace
@@ -43,6 +44,8 @@ fn step(what: &str) {
     eprintln!("== [{:6.1}s] {what}", t.as_secs_f64());
 }
 
+/// A serving certificate this short is renewed (at 40 s) while the test runs.
+const CERT_VALIDITY: &str = "--proxy-cert-validity=1m";
 /// The leader's request timeout: the watch below must outlive it.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -59,6 +62,7 @@ async fn member_access() {
         json!({"heartbeatInterval": "2s", "gracePeriod": "6s"}),
         addr(port_a),
         4,
+        &[CERT_VALIDITY],
     )
     .await;
     let token = join_token(&leader.admin).await;
@@ -459,6 +463,33 @@ async fn member_access() {
     );
     set_ca(old_ca).await;
 
+    step("the serving certificate is renewed from the same CA while serving (1m, at 40 s)");
+    let first = serving_secret(&leader).await;
+    let renewed = eventually(
+        "the leader renews its serving certificate and serves the new one",
+        Duration::from_secs(60),
+        || async {
+            let now = serving_secret(&leader).await;
+            if now.0 == first.0 {
+                return Err("not renewed yet".to_string());
+            }
+            let served = served_certificate(proxy_at, &now.1).await?;
+            if served == now.0 {
+                Ok(now)
+            } else {
+                Err("renewed, not yet served".to_string())
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        renewed.1, first.1,
+        "the CA (the APIService's caBundle) stays the same"
+    );
+    get(&alice, "/api/v1/namespaces", &[])
+        .await
+        .expect("the API server trusts the renewed certificate");
+
     step("west's agent Role as a leader before member access made it: no attach rule");
     let west_roles = Api::<Role>::namespaced(leader.admin.clone(), &ns_of("west"));
     let mut role = west_roles.get("tether-agent").await.expect("west's agent Role");
@@ -474,7 +505,7 @@ async fn member_access() {
         .expect("strip the attach rule");
 
     step("the leading replica is killed: the standby serves and the tunnels come back");
-    let args = fleet::proxy_args(addr(port_b), 4);
+    let args = fleet::proxy_args(addr(port_b), 4, &[CERT_VALIDITY]);
     let b = leader.start_replica("leader-b", &args).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let killed = Instant::now();
@@ -517,6 +548,57 @@ async fn member_access() {
     .await;
     step("done");
     drop(east);
+}
+
+/// The leaf certificate (DER) and CA (PEM) in the proxy serving Secret.
+async fn serving_secret(leader: &LeaderSide) -> (Vec<u8>, Vec<u8>) {
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    let secret = Api::<Secret>::namespaced(leader.admin.clone(), HOME)
+        .get("tether-leader-proxy-serving")
+        .await
+        .expect("proxy serving Secret");
+    let data = secret.data.expect("data");
+    let leaf = CertificateDer::pem_slice_iter(&data["tls.crt"].0)
+        .next()
+        .expect("tls.crt")
+        .expect("tls.crt PEM");
+    (leaf.to_vec(), data["ca.crt"].0.clone())
+}
+
+/// The leaf certificate (DER) the proxy at `at` serves, verified against `ca` for the Service name.
+async fn served_certificate(at: std::net::SocketAddr, ca: &[u8]) -> Result<Vec<u8>, String> {
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca) {
+        roots
+            .add(c.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from(format!("tether-leader-proxy.{HOME}.svc"))
+        .map_err(|e| e.to_string())?;
+    let handshake = async {
+        let tcp = tokio::net::TcpStream::connect(at).await?;
+        tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+            .connect(name, tcp)
+            .await
+    };
+    let tls = tokio::time::timeout(Duration::from_secs(10), handshake)
+        .await
+        .map_err(|_| "no TLS handshake within 10 s".to_string())?
+        .map_err(|e| e.to_string())?;
+    tls.get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.to_vec())
+        .ok_or_else(|| "no server certificate".to_string())
 }
 
 /// `tether --cluster east --member-token-file <token> -- <args>` with `kubeconfig` for the leader.

@@ -93,11 +93,27 @@ pub struct LeaderArgs {
         default_value = "tether-leader-proxy-serving"
     )]
     pub proxy_secret: String,
+    /// How long each proxy serving certificate is valid (at least 1m); the serving leader
+    /// renews it from the same CA at two thirds of that, with no restart and no caBundle change.
+    #[arg(long, env = "TETHER_PROXY_CERT_VALIDITY", default_value = "2160h", value_parser = cert_validity)]
+    pub proxy_cert_validity: std::time::Duration,
     /// How long a registration request the policy denied is kept, counted from its creation,
     /// before the leader deletes it (retrying agents must not pile requests up); an admin's
     /// denial is kept until someone deletes it.
     #[arg(long, env = "TETHER_DENIED_REQUEST_RETENTION", default_value = "1h", value_parser = tether_api::duration::parse)]
     pub denied_request_retention: std::time::Duration,
+}
+
+/// `--proxy-cert-validity`: a duration of at least a minute (a shorter one would renew the
+/// certificate all the time).
+fn cert_validity(text: &str) -> Result<std::time::Duration, String> {
+    let d = tether_api::duration::parse(text)?;
+    if d < std::time::Duration::from_secs(60) {
+        return Err(format!(
+            "{text:?} is too short for a certificate: give at least 1m"
+        ));
+    }
+    Ok(d)
 }
 
 /// Parses flags and runs; the exit code says whether it stopped cleanly.
@@ -171,6 +187,7 @@ async fn run_leader(args: LeaderArgs) -> anyhow::Result<()> {
             namespace: process.lease_namespace.clone(),
             service: args.proxy_service.clone(),
             secret: args.proxy_secret.clone(),
+            cert_validity: args.proxy_cert_validity,
         }),
     };
     let metrics = tether_leader::Metrics::default();
@@ -336,6 +353,14 @@ mod tests {
         };
         assert!(!args.process.leader_elect);
         assert_eq!(args.process.admin_addr.port(), 9000);
+        assert_eq!(
+            args.proxy_cert_validity.as_secs(),
+            90 * 24 * 3600,
+            "90 days by default"
+        );
+        let err =
+            Cli::try_parse_from(["tether-controller", "leader", "--proxy-cert-validity", "30s"]).unwrap_err();
+        assert!(err.to_string().contains("at least 1m"), "{err}");
         assert!(Cli::try_parse_from(["tether-controller", "leader", "--admin-addr", "nope"]).is_err());
         assert!(Cli::try_parse_from(["tether-controller", "leader", "--lease-duration", "1"]).is_err());
         assert!(Cli::try_parse_from(["tether-controller"]).is_err());

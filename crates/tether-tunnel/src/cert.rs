@@ -13,31 +13,58 @@ pub struct Serving {
     pub ca: String,
 }
 
+/// A CA kept to sign the next serving certificate: a leaf renewed from the same CA needs no
+/// change on the clients that trust the CA.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Authority {
+    /// The CA certificate (PEM).
+    pub cert: String,
+    /// Its private key (PEM).
+    pub key: String,
+}
+
+impl Authority {
+    /// A new CA named `<ca_name>@<unix time>`, valid for `valid`.
+    pub fn generate(ca_name: &str, valid: time::Duration) -> Result<Self, rcgen::Error> {
+        let now = time::OffsetDateTime::now_utc();
+        let key = rcgen::KeyPair::generate()?;
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
+        ca.distinguished_name.push(
+            rcgen::DnType::CommonName,
+            format!("{ca_name}@{}", now.unix_timestamp()),
+        );
+        ca.not_before = now;
+        ca.not_after = now + valid;
+        let cert = ca.self_signed(&key)?;
+        Ok(Self {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        })
+    }
+
+    /// A serving certificate for `name` (a DNS name or an IP address) signed by this CA, valid
+    /// for `valid` from now.
+    pub fn issue(&self, name: &str, valid: time::Duration) -> Result<Serving, rcgen::Error> {
+        let now = time::OffsetDateTime::now_utc();
+        let issuer = rcgen::Issuer::from_ca_cert_pem(&self.cert, rcgen::KeyPair::from_pem(&self.key)?)?;
+        let key = rcgen::KeyPair::generate()?;
+        let mut leaf = rcgen::CertificateParams::new(vec![name.to_string()])?;
+        leaf.distinguished_name.push(rcgen::DnType::CommonName, name);
+        leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        leaf.not_before = now;
+        leaf.not_after = now + valid;
+        let cert = leaf.signed_by(&key, &issuer)?;
+        Ok(Serving {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+            ca: self.cert.clone(),
+        })
+    }
+}
+
 /// Generates a CA (`<ca_name>@<unix time>`) and a serving certificate for `name` (a DNS name or
-/// an IP address), both valid for `valid`.
+/// an IP address), both valid for `valid`; the CA's key is dropped.
 pub fn generate(ca_name: &str, name: &str, valid: time::Duration) -> Result<Serving, rcgen::Error> {
-    let now = time::OffsetDateTime::now_utc();
-    let ca_key = rcgen::KeyPair::generate()?;
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new())?;
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
-    ca.distinguished_name.push(
-        rcgen::DnType::CommonName,
-        format!("{ca_name}@{}", now.unix_timestamp()),
-    );
-    ca.not_before = now;
-    ca.not_after = now + valid;
-    let ca_cert = ca.self_signed(&ca_key)?;
-    let issuer = rcgen::Issuer::new(ca, ca_key);
-    let key = rcgen::KeyPair::generate()?;
-    let mut leaf = rcgen::CertificateParams::new(vec![name.to_string()])?;
-    leaf.distinguished_name.push(rcgen::DnType::CommonName, name);
-    leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-    leaf.not_before = now;
-    leaf.not_after = now + valid;
-    let cert = leaf.signed_by(&key, &issuer)?;
-    Ok(Serving {
-        cert: cert.pem(),
-        key: key.serialize_pem(),
-        ca: ca_cert.pem(),
-    })
+    Authority::generate(ca_name, valid)?.issue(name, valid)
 }

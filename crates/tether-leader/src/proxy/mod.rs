@@ -19,10 +19,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, ResourceExt};
 use tether_api::conditions::{ConditionType, Reason, Status, condition, find};
 use tether_api::{ManagedCluster, ManagedClusterStatus};
 use tokio::sync::{mpsc, watch};
@@ -51,6 +51,8 @@ pub struct ProxyOptions {
     pub service: String,
     /// The Secret holding the shared serving certificate.
     pub secret: String,
+    /// How long each serving certificate is valid; it is renewed at two thirds of that.
+    pub cert_validity: Duration,
 }
 
 /// Why one serving term could not start.
@@ -132,19 +134,20 @@ async fn serve(
         .await
         .map_err(api("read kube-system/extension-apiserver-authentication"))?;
     let front = FrontProxy::from_configmap(&cm)?;
-    let serving = ensure_serving(client, opts).await?;
+    let secrets = Api::<Secret>::namespaced(client.clone(), &opts.namespace);
+    let stored = ensure_serving(&secrets, opts).await?;
     let apiservices = Api::<DynamicObject>::all_with(client.clone(), &apiservice_resource());
     apiservices
         .patch(
             tether_tunnel::API_SERVICE,
             &PatchParams::default(),
-            &Patch::Merge(serving::ca_bundle_patch(&serving.ca)),
+            &Patch::Merge(serving::ca_bundle_patch(&stored.serving.ca)),
         )
         .await
         .map_err(api(
             "set the caBundle of APIService v1alpha1.proxy.multicluster.tether.dev (install it with the leader chart or config/rbac/leader.yaml)",
         ))?;
-    let first = Trust::new(front, &serving)?;
+    let first = Trust::new(front, &stored.serving)?;
     let listener = tokio::net::TcpListener::bind(opts.addr)
         .await
         .map_err(|source| ProxyError::Listen {
@@ -169,7 +172,15 @@ async fn serve(
     // verified against what the ConfigMap says now; open ones keep the trust they were
     // verified with, as the API server's own aggregated servers do.
     let (trust_tx, trust) = watch::channel(Arc::new(first));
-    let follow = follow_trust(configmaps, serving, trust_tx);
+    let follow = follow_trust(
+        configmaps,
+        Renewal {
+            secrets,
+            opts,
+            stored,
+        },
+        trust_tx,
+    );
     tokio::pin!(follow);
     let shared = Arc::new(server::Shared {
         tunnels: tunnels.clone(),
@@ -222,37 +233,133 @@ fn apiservice_resource() -> ApiResource {
     )
 }
 
-/// The shared serving certificate: read, or made once by whichever replica leads first.
-async fn ensure_serving(client: &Client, opts: &ProxyOptions) -> Result<serving::Serving, ProxyError> {
-    let secrets = Api::<Secret>::namespaced(client.clone(), &opts.namespace);
-    if let Some(s) = secrets
+/// The shared serving certificate: read, or made by whichever replica leads first; replaced
+/// when it is due (see `serving::is_due`) before this term serves it.
+async fn ensure_serving(secrets: &Api<Secret>, opts: &ProxyOptions) -> Result<serving::Stored, ProxyError> {
+    let found = secrets
         .get_opt(&opts.secret)
         .await
-        .map_err(api("read the proxy serving Secret"))?
-        && let Some(found) = serving::from_secret(&s)
-    {
-        return Ok(found);
+        .map_err(api("read the proxy serving Secret"))?;
+    match found {
+        Some(s) => match serving::from_secret(&s) {
+            Some(stored) if !serving::is_due(&stored, time::OffsetDateTime::now_utc()) => Ok(stored),
+            Some(stored) => renew(secrets, opts, &s, &stored).await,
+            None => Err(ProxyError::Tls(format!(
+                "Secret {} is incomplete (tls.crt, tls.key, ca.crt): delete it and the leader makes a new one",
+                opts.secret
+            ))),
+        },
+        None => {
+            let made = serving::next(None, &dns(opts), opts.cert_validity)
+                .map_err(|e| ProxyError::Tls(e.to_string()))?;
+            match secrets
+                .create(
+                    &PostParams::default(),
+                    &serving::secret(&opts.namespace, &opts.secret, &made),
+                )
+                .await
+            {
+                Ok(_) => {
+                    info!(secret = %opts.secret, "Created the proxy serving certificate");
+                    Ok(made)
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => read_serving(secrets, opts).await,
+                Err(e) => Err(ProxyError::Api {
+                    op: "create the proxy serving Secret",
+                    source: e,
+                }),
+            }
+        }
     }
-    let made = serving::generate(&serving::service_dns(&opts.namespace, &opts.service))
+}
+
+fn dns(opts: &ProxyOptions) -> String {
+    serving::service_dns(&opts.namespace, &opts.service)
+}
+
+async fn read_serving(secrets: &Api<Secret>, opts: &ProxyOptions) -> Result<serving::Stored, ProxyError> {
+    let s = secrets
+        .get(&opts.secret)
+        .await
+        .map_err(api("read the proxy serving Secret"))?;
+    serving::from_secret(&s).ok_or_else(|| ProxyError::Tls(format!("Secret {} is incomplete", opts.secret)))
+}
+
+/// Replaces the Secret `current` (holding `stored`) with the next certificate, from the same
+/// CA when its key is kept. The write is conditional on `current`'s resourceVersion: when
+/// another replica renewed first, its certificate is the one used.
+async fn renew(
+    secrets: &Api<Secret>,
+    opts: &ProxyOptions,
+    current: &Secret,
+    stored: &serving::Stored,
+) -> Result<serving::Stored, ProxyError> {
+    let made = serving::next(Some(stored), &dns(opts), opts.cert_validity)
         .map_err(|e| ProxyError::Tls(e.to_string()))?;
-    let secret = serving::secret(&opts.namespace, &opts.secret, &made);
-    match secrets.create(&PostParams::default(), &secret).await {
+    let mut secret = serving::secret(&opts.namespace, &opts.secret, &made);
+    secret.metadata.resource_version = current.resource_version();
+    match secrets
+        .replace(&opts.secret, &PostParams::default(), &secret)
+        .await
+    {
         Ok(_) => {
-            info!(secret = %opts.secret, "Created the proxy serving certificate");
+            let ca = if made.serving.ca == stored.serving.ca {
+                "same CA"
+            } else {
+                "new CA"
+            };
+            info!(secret = %opts.secret, ca, "Renewed the proxy serving certificate");
             Ok(made)
         }
-        Err(kube::Error::Api(e)) if e.code == 409 => {
-            let s = secrets
-                .get(&opts.secret)
-                .await
-                .map_err(api("read the proxy serving Secret"))?;
-            serving::from_secret(&s)
-                .ok_or_else(|| ProxyError::Tls(format!("Secret {} is incomplete", opts.secret)))
-        }
+        Err(kube::Error::Api(e)) if e.code == 409 => read_serving(secrets, opts).await,
         Err(e) => Err(ProxyError::Api {
-            op: "create the proxy serving Secret",
+            op: "renew the proxy serving certificate (update its Secret)",
             source: e,
         }),
+    }
+}
+
+/// What renewing the serving certificate during a term needs.
+struct Renewal<'a> {
+    secrets: Api<Secret>,
+    opts: &'a ProxyOptions,
+    stored: serving::Stored,
+}
+
+impl Renewal<'_> {
+    /// Waits until the certificate served is due.
+    async fn due(&self) {
+        let now = time::OffsetDateTime::now_utc();
+        let wait = serving::renew_at(&self.stored.serving.cert)
+            .map(|at| (at - now).max(time::Duration::ZERO))
+            .unwrap_or(time::Duration::ZERO);
+        tokio::time::sleep(wait.try_into().unwrap_or(Duration::ZERO)).await;
+    }
+
+    /// Renews the certificate (same CA); what to serve from now on.
+    async fn renew(&mut self) -> Result<serving::Stored, ProxyError> {
+        let current = self
+            .secrets
+            .get(&self.opts.secret)
+            .await
+            .map_err(api("read the proxy serving Secret"))?;
+        let now_stored = serving::from_secret(&current)
+            .ok_or_else(|| ProxyError::Tls(format!("Secret {} is incomplete", self.opts.secret)))?;
+        let next = if serving::is_due(&now_stored, time::OffsetDateTime::now_utc()) {
+            renew(&self.secrets, self.opts, &current, &now_stored).await?
+        } else {
+            now_stored
+        };
+        // NB: a new CA (someone replaced the Secret by hand) is served only once the APIService
+        // trusts it; the leaf of the same CA is trusted already.
+        if next.serving.ca != self.stored.serving.ca {
+            return Err(ProxyError::Tls(format!(
+                "Secret {} now holds another CA; the next leadership term serves it",
+                self.opts.secret
+            )));
+        }
+        self.stored = next.clone();
+        Ok(next)
     }
 }
 
@@ -273,13 +380,13 @@ impl Trust {
     }
 }
 
-/// Follows the API server's front-proxy ConfigMap for the rest of the serving term and
-/// publishes each changed trust. A ConfigMap that cannot be used keeps the last good trust
+/// Follows the API server's front-proxy ConfigMap for the rest of the serving term, renews the
+/// serving certificate when it is due, and publishes each changed trust. A ConfigMap that cannot be used keeps the last good trust
 /// (and says why in the log), so a bad edit never locks the API server out; a watch error is
 /// retried with backoff.
 async fn follow_trust(
     configmaps: Api<ConfigMap>,
-    serving: serving::Serving,
+    mut renewal: Renewal<'_>,
     trust: watch::Sender<Arc<Trust>>,
 ) {
     let config = watcher::Config::default().fields(&format!("metadata.name={AUTH_CONFIGMAP}"));
@@ -288,7 +395,31 @@ async fn follow_trust(
             .default_backoff()
             .applied_objects()
     );
-    while let Some(event) = events.next().await {
+    loop {
+        let event = tokio::select! {
+            e = events.next() => match e {
+                Some(e) => e,
+                None => break,
+            },
+            () = renewal.due() => {
+                match renewal.renew().await {
+                    // NB: the front is cloned out first: a `borrow()` held across `send_replace`
+                    // deadlocks the watch channel (and with it this task's accept loop).
+                    Ok(next) => match Trust::new(current_front(&trust), &next.serving) {
+                        Ok(t) => {
+                            info!("New connections are served the renewed certificate");
+                            trust.send_replace(Arc::new(t));
+                        }
+                        Err(e) => error!(error = &e as &dyn std::error::Error, "Cannot serve the renewed certificate"),
+                    },
+                    Err(e) => {
+                        error!(error = &e as &dyn std::error::Error, "Cannot renew the proxy serving certificate; retrying in 1 min");
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                    }
+                }
+                continue;
+            }
+        };
         let cm = match event {
             Ok(cm) => cm,
             Err(e) => {
@@ -301,7 +432,7 @@ async fn follow_trust(
         };
         let next = match FrontProxy::from_configmap(&cm) {
             Ok(front) if front == *trust.borrow().front => continue,
-            Ok(front) => Trust::new(front, &serving),
+            Ok(front) => Trust::new(front, &renewal.stored.serving),
             Err(e) => Err(e.into()),
         };
         match next {
@@ -316,6 +447,10 @@ async fn follow_trust(
         }
     }
     std::future::pending::<()>().await;
+}
+
+fn current_front(trust: &watch::Sender<Arc<Trust>>) -> FrontProxy {
+    (*trust.borrow().front).clone()
 }
 
 fn tls_config(front: &FrontProxy, s: &serving::Serving) -> Result<rustls::ServerConfig, ProxyError> {

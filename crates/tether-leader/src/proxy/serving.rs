@@ -1,8 +1,9 @@
 //! Ensures the API server can find and trust the active leader replica: a serving certificate
-//! for `<service>.<namespace>.svc` kept in one Secret that every replica shares (created once,
-//! never rotated behind a running aggregator's back), its CA in the APIService's `caBundle`,
-//! and an EndpointSlice of the selector-less proxy Service that names only the replica that
-//! leads. Pure builders; `mod.rs` applies them.
+//! for `<service>.<namespace>.svc` kept in one Secret that every replica shares, its CA in the
+//! APIService's `caBundle`, and an EndpointSlice of the selector-less proxy Service that names
+//! only the replica that leads. The CA (10 years) signs a short-lived leaf that the serving
+//! leader renews at two thirds of its life from the same CA, so the `caBundle` a running
+//! aggregator trusts never changes under it. Pure builders; `mod.rs` applies them.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -13,6 +14,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use kube::api::ObjectMeta;
+use tether_tunnel::cert::Authority;
 
 /// Label that ties an EndpointSlice to its Service (what the aggregator selects by).
 pub const SLICE_SERVICE_LABEL: &str = "kubernetes.io/service-name";
@@ -20,24 +22,73 @@ pub const SLICE_SERVICE_LABEL: &str = "kubernetes.io/service-name";
 pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
 /// The port name shared by the proxy Service and its EndpointSlice.
 pub const PORT_NAME: &str = "https";
-/// How long the generated serving certificate is valid.
-const VALID_DAYS: i64 = 3650;
+/// How long the CA that signs the serving certificates is valid.
+const CA_VALID_DAYS: i64 = 3650;
 
 pub use tether_tunnel::cert::Serving;
+
+/// What the shared Secret holds: the serving certificate and, when this version made it, the
+/// CA's key to renew it with (a Secret of an earlier version has none: it is replaced whole).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stored {
+    /// The certificate served, its key and CA.
+    pub serving: Serving,
+    /// The CA's private key.
+    pub ca_key: Option<String>,
+}
+
+impl Stored {
+    /// The CA, when its key is kept.
+    pub fn authority(&self) -> Option<Authority> {
+        Some(Authority {
+            cert: self.serving.ca.clone(),
+            key: self.ca_key.clone()?,
+        })
+    }
+}
 
 /// The DNS name the aggregator verifies: `<service>.<namespace>.svc`.
 pub fn service_dns(namespace: &str, service: &str) -> String {
     format!("{service}.{namespace}.svc")
 }
 
-/// Generates a CA and a serving certificate for `dns`.
-pub fn generate(dns: &str) -> Result<Serving, rcgen::Error> {
-    tether_tunnel::cert::generate("tether-proxy-ca", dns, time::Duration::days(VALID_DAYS))
+fn to_duration(d: std::time::Duration) -> time::Duration {
+    time::Duration::try_from(d).unwrap_or(time::Duration::MAX)
 }
 
-/// The Secret that holds `serving` (type `kubernetes.io/tls`, plus `ca.crt`).
-pub fn secret(namespace: &str, name: &str, serving: &Serving) -> Secret {
-    let data = BTreeMap::from([
+/// The next serving certificate for `dns`: from the stored CA when there is one (the leaf only
+/// changes), else from a new CA.
+pub fn next(stored: Option<&Stored>, dns: &str, valid: std::time::Duration) -> Result<Stored, rcgen::Error> {
+    let authority = match stored.and_then(Stored::authority) {
+        Some(a) => a,
+        None => Authority::generate("tether-proxy-ca", time::Duration::days(CA_VALID_DAYS))?,
+    };
+    Ok(Stored {
+        serving: authority.issue(dns, to_duration(valid))?,
+        ca_key: Some(authority.key),
+    })
+}
+
+/// When the certificate `cert_pem` is due for renewal: at two thirds of its validity. `None`
+/// when it cannot be read (renew it now).
+pub fn renew_at(cert_pem: &str) -> Option<time::OffsetDateTime> {
+    let der = pem::parse(cert_pem).ok()?.into_contents();
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
+    let v = cert.validity();
+    let (from, to) = (v.not_before.timestamp(), v.not_after.timestamp());
+    time::OffsetDateTime::from_unix_timestamp(from + (to - from) * 2 / 3).ok()
+}
+
+/// Whether `stored` must be replaced at `now`: its leaf is due for renewal, or it has no CA key
+/// to renew with (made by an earlier version, with a 10-year leaf).
+pub fn is_due(stored: &Stored, now: time::OffsetDateTime) -> bool {
+    stored.ca_key.is_none() || renew_at(&stored.serving.cert).is_none_or(|at| at <= now)
+}
+
+/// The Secret that holds `stored` (type `kubernetes.io/tls`, plus `ca.crt` and `ca.key`).
+pub fn secret(namespace: &str, name: &str, stored: &Stored) -> Secret {
+    let serving = &stored.serving;
+    let mut data = BTreeMap::from([
         (
             "tls.crt".to_string(),
             ByteString(serving.cert.clone().into_bytes()),
@@ -48,6 +99,9 @@ pub fn secret(namespace: &str, name: &str, serving: &Serving) -> Secret {
         ),
         ("ca.crt".to_string(), ByteString(serving.ca.clone().into_bytes())),
     ]);
+    if let Some(key) = &stored.ca_key {
+        data.insert("ca.key".to_string(), ByteString(key.clone().into_bytes()));
+    }
     Secret {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
@@ -64,8 +118,8 @@ pub fn secret(namespace: &str, name: &str, serving: &Serving) -> Secret {
     }
 }
 
-/// Reads a serving certificate back from its Secret.
-pub fn from_secret(s: &Secret) -> Option<Serving> {
+/// Reads what the Secret holds back.
+pub fn from_secret(s: &Secret) -> Option<Stored> {
     let get = |k: &str| {
         s.data
             .as_ref()?
@@ -73,10 +127,13 @@ pub fn from_secret(s: &Secret) -> Option<Serving> {
             .and_then(|b| String::from_utf8(b.0.clone()).ok())
             .filter(|t| !t.trim().is_empty())
     };
-    Some(Serving {
-        cert: get("tls.crt")?,
-        key: get("tls.key")?,
-        ca: get("ca.crt")?,
+    Some(Stored {
+        serving: Serving {
+            cert: get("tls.crt")?,
+            key: get("tls.key")?,
+            ca: get("ca.crt")?,
+        },
+        ca_key: get("ca.key"),
     })
 }
 
@@ -123,27 +180,79 @@ pub fn endpoint_slice(namespace: &str, service: &str, ip: IpAddr, port: u16) -> 
 mod tests {
     use super::*;
 
+    /// The leader's default `--proxy-cert-validity`.
+    const DEFAULT_VALIDITY: std::time::Duration = std::time::Duration::from_secs(90 * 24 * 3600);
+
+    fn verifies(s: &Serving, dns: &str) -> bool {
+        use rustls::client::WebPkiServerVerifier;
+        use rustls::client::danger::ServerCertVerifier;
+        use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+        let der = |p: &str| CertificateDer::from(pem::parse(p).unwrap().into_contents());
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der(&s.ca)).unwrap();
+        let verifier = WebPkiServerVerifier::builder_with_provider(
+            std::sync::Arc::new(roots),
+            std::sync::Arc::new(rustls::crypto::ring::default_provider()),
+        )
+        .build()
+        .unwrap();
+        verifier
+            .verify_server_cert(
+                &der(&s.cert),
+                &[],
+                &ServerName::try_from(dns.to_string()).unwrap(),
+                &[],
+                UnixTime::now(),
+            )
+            .is_ok()
+    }
+
     #[test]
     fn the_serving_certificate_round_trips_through_its_secret_and_names_the_service() {
         let dns = service_dns("tether-system", "tether-leader-proxy");
         assert_eq!(dns, "tether-leader-proxy.tether-system.svc");
-        let s = generate(&dns).unwrap();
+        let s = next(None, &dns, DEFAULT_VALIDITY).unwrap();
         let back = from_secret(&secret("tether-system", "tether-leader-proxy-serving", &s)).unwrap();
         assert_eq!(back, s);
-        let der = pem::parse(&s.cert).unwrap().into_contents();
-        let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
-        let sans = cert
-            .subject_alternative_name()
-            .unwrap()
-            .unwrap()
-            .value
-            .general_names
-            .clone();
-        assert!(format!("{sans:?}").contains(&dns), "{sans:?}");
+        assert!(
+            verifies(&s.serving, &dns),
+            "the leaf chains to its CA for the Service name"
+        );
+        assert!(!verifies(&s.serving, "other.tether-system.svc"));
         assert!(from_secret(&Secret::default()).is_none());
-        let patch = ca_bundle_patch(&s.ca);
+        let patch = ca_bundle_patch(&s.serving.ca);
         let b = patch["spec"]["caBundle"].as_str().unwrap();
-        assert_eq!(B64.decode(b).unwrap(), s.ca.as_bytes());
+        assert_eq!(B64.decode(b).unwrap(), s.serving.ca.as_bytes());
+    }
+
+    #[test]
+    fn a_renewed_leaf_keeps_the_ca_so_the_ca_bundle_does_not_change() {
+        let dns = service_dns("tether-system", "tether-leader-proxy");
+        let first = next(None, &dns, std::time::Duration::from_secs(90)).unwrap();
+        let now = time::OffsetDateTime::now_utc();
+        let at = renew_at(&first.serving.cert).unwrap();
+        assert!(
+            (at - now - time::Duration::seconds(60)).abs() < time::Duration::seconds(3),
+            "renewed at two thirds of 90 s: {at} (now {now})"
+        );
+        assert!(!is_due(&first, now));
+        assert!(is_due(&first, now + time::Duration::seconds(61)));
+        let second = next(Some(&first), &dns, std::time::Duration::from_secs(90)).unwrap();
+        assert_eq!(second.serving.ca, first.serving.ca, "same CA");
+        assert_eq!(second.ca_key, first.ca_key);
+        assert_ne!(second.serving.cert, first.serving.cert, "a new leaf");
+        assert_ne!(second.serving.key, first.serving.key, "with a new key");
+        assert!(verifies(&second.serving, &dns));
+
+        // A Secret of an earlier version (no CA key) is due at once and replaced whole.
+        let old = Stored {
+            ca_key: None,
+            ..first.clone()
+        };
+        assert!(is_due(&old, now));
+        let replaced = next(Some(&old), &dns, DEFAULT_VALIDITY).unwrap();
+        assert_ne!(replaced.serving.ca, first.serving.ca);
+        assert!(replaced.ca_key.is_some() && verifies(&replaced.serving, &dns));
     }
 
     #[test]
