@@ -381,9 +381,9 @@ impl Trust {
 }
 
 /// Follows the API server's front-proxy ConfigMap for the rest of the serving term, renews the
-/// serving certificate when it is due, and publishes each changed trust. A ConfigMap that cannot be used keeps the last good trust
-/// (and says why in the log), so a bad edit never locks the API server out; a watch error is
-/// retried with backoff.
+/// serving certificate when it is due, and publishes each changed trust. A ConfigMap that
+/// cannot be used keeps the last good trust (and says why in the log), so a bad edit never
+/// locks the API server out; a watch error is retried with backoff.
 async fn follow_trust(
     configmaps: Api<ConfigMap>,
     mut renewal: Renewal<'_>,
