@@ -336,20 +336,9 @@ impl Renewal<'_> {
         tokio::time::sleep(wait.try_into().unwrap_or(Duration::ZERO)).await;
     }
 
-    /// Renews the certificate (same CA); what to serve from now on.
+    /// Renews the certificate (same CA), unless another replica did; what to serve from now on.
     async fn renew(&mut self) -> Result<serving::Stored, ProxyError> {
-        let current = self
-            .secrets
-            .get(&self.opts.secret)
-            .await
-            .map_err(api("read the proxy serving Secret"))?;
-        let now_stored = serving::from_secret(&current)
-            .ok_or_else(|| ProxyError::Tls(format!("Secret {} is incomplete", self.opts.secret)))?;
-        let next = if serving::is_due(&now_stored, time::OffsetDateTime::now_utc()) {
-            renew(&self.secrets, self.opts, &current, &now_stored).await?
-        } else {
-            now_stored
-        };
+        let next = ensure_serving(&self.secrets, self.opts).await?;
         // NB: a new CA (someone replaced the Secret by hand) is served only once the APIService
         // trusts it; the leaf of the same CA is trusted already.
         if next.serving.ca != self.stored.serving.ca {
