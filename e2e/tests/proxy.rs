@@ -465,6 +465,18 @@ async fn member_access() {
 
     step("the serving certificate is renewed from the same CA while serving (1m, at 40 s)");
     let first = serving_secret(&leader).await;
+    let unix_now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_secs_f64()
+    };
+    let first_expiry = leader_metric(&leader, CERT_EXPIRY).await;
+    assert!(
+        first_expiry > unix_now() && first_expiry <= unix_now() + 61.0,
+        "the expiry metric names the served 1m certificate: {first_expiry} (now {})",
+        unix_now()
+    );
     let renewed = eventually(
         "the leader renews its serving certificate and serves the new one",
         Duration::from_secs(60),
@@ -485,6 +497,21 @@ async fn member_access() {
     assert_eq!(
         renewed.1, first.1,
         "the CA (the APIService's caBundle) stays the same"
+    );
+    let expiry = leader_metric(&leader, CERT_EXPIRY).await;
+    assert!(
+        expiry > first_expiry && expiry <= unix_now() + 61.0,
+        "the expiry metric follows the renewal: {first_expiry} → {expiry} (now {})",
+        unix_now()
+    );
+    assert!(
+        leader_metric(
+            &leader,
+            "tether_leader_proxy_certificate_renewals_total{result=\"renewed\"}"
+        )
+        .await
+            >= 1.0,
+        "the renewal is counted"
     );
     get(&alice, "/api/v1/namespaces", &[])
         .await
@@ -548,6 +575,21 @@ async fn member_access() {
     .await;
     step("done");
     drop(east);
+}
+
+/// The leader's gauge of when the proxy's serving certificate expires.
+const CERT_EXPIRY: &str = "tether_leader_proxy_certificate_expiry_timestamp_seconds";
+
+/// The value of the series `series` (name and labels, as printed) on the leader's `/metrics`.
+async fn leader_metric(leader: &LeaderSide, series: &str) -> f64 {
+    let (_, text) = leader
+        .controller
+        .admin_get("/metrics")
+        .await
+        .expect("leader /metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in the leader's metrics:\n{text}"))
 }
 
 /// The leaf certificate (DER) and CA (PEM) in the proxy serving Secret.

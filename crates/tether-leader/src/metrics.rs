@@ -51,6 +51,8 @@ pub struct Metrics {
     leader: Gauge,
     tunnels: Gauge,
     proxied: Family<ResultLabel, Counter>,
+    cert_expiry: Gauge,
+    cert_renewals: Family<ResultLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -67,6 +69,18 @@ impl Default for Metrics {
         let leader = Gauge::default();
         let tunnels = Gauge::default();
         let proxied = Family::<ResultLabel, Counter>::default();
+        let cert_expiry = Gauge::default();
+        let cert_renewals = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "proxy_certificate_expiry_timestamp_seconds",
+            "When the member proxy's serving certificate expires (Unix time); 0 while this replica does not serve",
+            cert_expiry.clone(),
+        );
+        registry.register(
+            "proxy_certificate_renewals",
+            "Renewals of the member proxy's serving certificate while serving, by result",
+            cert_renewals.clone(),
+        );
         registry.register(
             "tunnels",
             "Member tunnels attached to this replica",
@@ -115,6 +129,8 @@ impl Default for Metrics {
             leader,
             tunnels,
             proxied,
+            cert_expiry,
+            cert_renewals,
         }
     }
 }
@@ -194,6 +210,16 @@ impl Metrics {
         self.proxied.get_or_create(&ResultLabel { result }).inc();
     }
 
+    /// Records when the served proxy certificate expires (Unix seconds; 0: not serving).
+    pub fn set_proxy_cert_expiry(&self, unix_seconds: i64) {
+        self.cert_expiry.set(unix_seconds);
+    }
+
+    /// Counts a renewal of the proxy serving certificate by result (`renewed`, `failed`).
+    pub fn proxy_cert_renewal(&self, result: &'static str) {
+        self.cert_renewals.get_or_create(&ResultLabel { result }).inc();
+    }
+
     /// The metrics in Prometheus text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -222,6 +248,8 @@ mod tests {
         );
         m.heartbeat(Duration::from_secs(10));
         drop(m.reconcile_timer("member"));
+        m.set_proxy_cert_expiry(1_800_000_000);
+        m.proxy_cert_renewal("failed");
         let text = m.encode();
         for want in [
             "tether_leader_registrations_total{result=\"Approved\"} 1",
@@ -229,6 +257,8 @@ mod tests {
             "tether_leader_heartbeat_age_seconds_count 1",
             "tether_leader_reconcile_duration_seconds_count{controller=\"member\"} 1",
             "tether_leader_is_leader 0",
+            "tether_leader_proxy_certificate_expiry_timestamp_seconds 1800000000",
+            "tether_leader_proxy_certificate_renewals_total{result=\"failed\"} 1",
         ] {
             assert!(text.contains(want), "missing {want} in\n{text}");
         }

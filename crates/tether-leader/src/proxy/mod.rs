@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::Context;
+use crate::metrics::Metrics;
 use frontproxy::{AUTH_CONFIGMAP, AUTH_NAMESPACE, FrontProxy};
 use tunnels::{Change, Tunnels};
 
@@ -117,6 +118,7 @@ pub async fn run(ctx: Arc<Context>, opts: ProxyOptions, shutdown: CancellationTo
         stop.cancel();
         tunnels.close_all();
         ctx.metrics.set_tunnels(0);
+        ctx.metrics.set_proxy_cert_expiry(0);
     }
 }
 
@@ -136,6 +138,8 @@ async fn serve(
     let front = FrontProxy::from_configmap(&cm)?;
     let secrets = Api::<Secret>::namespaced(client.clone(), &opts.namespace);
     let stored = ensure_serving(&secrets, opts).await?;
+    ctx.metrics
+        .set_proxy_cert_expiry(serving::expires_at(&stored.serving.cert).unwrap_or(0));
     let apiservices = Api::<DynamicObject>::all_with(client.clone(), &apiservice_resource());
     apiservices
         .patch(
@@ -178,6 +182,8 @@ async fn serve(
             secrets,
             opts,
             stored,
+            metrics: ctx.metrics.clone(),
+            retry: None,
         },
         trust_tx,
     );
@@ -324,11 +330,20 @@ struct Renewal<'a> {
     secrets: Api<Secret>,
     opts: &'a ProxyOptions,
     stored: serving::Stored,
+    metrics: Metrics,
+    /// When to try again after a failed renewal.
+    retry: Option<tokio::time::Instant>,
 }
 
+/// How long a failed renewal waits before the next try.
+const RENEW_RETRY: Duration = Duration::from_secs(60);
+
 impl Renewal<'_> {
-    /// Waits until the certificate served is due.
+    /// Waits until the certificate served is due, or until a failed renewal is tried again.
     async fn due(&self) {
+        if let Some(at) = self.retry {
+            return tokio::time::sleep_until(at).await;
+        }
         let now = time::OffsetDateTime::now_utc();
         let wait = serving::renew_at(&self.stored.serving.cert)
             .map(|at| (at - now).max(time::Duration::ZERO))
@@ -337,7 +352,26 @@ impl Renewal<'_> {
     }
 
     /// Renews the certificate (same CA), unless another replica did; what to serve from now on.
+    /// A failure is counted and tried again after [`RENEW_RETRY`].
     async fn renew(&mut self) -> Result<serving::Stored, ProxyError> {
+        match self.next().await {
+            Ok(next) => {
+                self.retry = None;
+                self.metrics.proxy_cert_renewal("renewed");
+                self.metrics
+                    .set_proxy_cert_expiry(serving::expires_at(&next.serving.cert).unwrap_or(0));
+                self.stored = next.clone();
+                Ok(next)
+            }
+            Err(e) => {
+                self.retry = Some(tokio::time::Instant::now() + RENEW_RETRY);
+                self.metrics.proxy_cert_renewal("failed");
+                Err(e)
+            }
+        }
+    }
+
+    async fn next(&self) -> Result<serving::Stored, ProxyError> {
         let next = ensure_serving(&self.secrets, self.opts).await?;
         // NB: a new CA (someone replaced the Secret by hand) is served only once the APIService
         // trusts it; the leaf of the same CA is trusted already.
@@ -347,7 +381,6 @@ impl Renewal<'_> {
                 self.opts.secret
             )));
         }
-        self.stored = next.clone();
         Ok(next)
     }
 }
@@ -401,10 +434,8 @@ async fn follow_trust(
                         }
                         Err(e) => error!(error = &e as &dyn std::error::Error, "Cannot serve the renewed certificate"),
                     },
-                    Err(e) => {
-                        error!(error = &e as &dyn std::error::Error, "Cannot renew the proxy serving certificate; retrying in 1 min");
-                        tokio::time::sleep(Duration::from_secs(60)).await;
-                    }
+                    // NB: no sleep here: the front-proxy watch goes on while the retry waits.
+                    Err(e) => error!(error = &e as &dyn std::error::Error, "Cannot renew the proxy serving certificate; retrying in 1 min"),
                 }
                 continue;
             }

@@ -69,14 +69,25 @@ pub fn next(stored: Option<&Stored>, dns: &str, valid: std::time::Duration) -> R
     })
 }
 
-/// When the certificate `cert_pem` is due for renewal: at two thirds of its validity. `None`
-/// when it cannot be read (renew it now).
-pub fn renew_at(cert_pem: &str) -> Option<time::OffsetDateTime> {
+/// The validity of the certificate `cert_pem` as Unix seconds (not before, not after); `None`
+/// when it cannot be read.
+fn validity(cert_pem: &str) -> Option<(i64, i64)> {
     let der = pem::parse(cert_pem).ok()?.into_contents();
     let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
     let v = cert.validity();
-    let (from, to) = (v.not_before.timestamp(), v.not_after.timestamp());
+    Some((v.not_before.timestamp(), v.not_after.timestamp()))
+}
+
+/// When the certificate `cert_pem` is due for renewal: at two thirds of its validity. `None`
+/// when it cannot be read (renew it now).
+pub fn renew_at(cert_pem: &str) -> Option<time::OffsetDateTime> {
+    let (from, to) = validity(cert_pem)?;
     time::OffsetDateTime::from_unix_timestamp(from + (to - from) * 2 / 3).ok()
+}
+
+/// When the certificate `cert_pem` expires, in Unix seconds (what the expiry metric reports).
+pub fn expires_at(cert_pem: &str) -> Option<i64> {
+    validity(cert_pem).map(|(_, to)| to)
 }
 
 /// Whether `stored` must be replaced at `now`: its leaf is due for renewal, or it has no CA key
@@ -235,6 +246,12 @@ mod tests {
             (at - now - time::Duration::seconds(60)).abs() < time::Duration::seconds(3),
             "renewed at two thirds of 90 s: {at} (now {now})"
         );
+        let expires = expires_at(&first.serving.cert).unwrap();
+        assert!(
+            (expires - now.unix_timestamp() - 90).abs() < 3,
+            "expires 90 s after it was made: {expires} (now {now})"
+        );
+        assert!(expires_at("not a certificate").is_none());
         assert!(!is_due(&first, now));
         assert!(is_due(&first, now + time::Duration::seconds(61)));
         let second = next(Some(&first), &dns, std::time::Duration::from_secs(90)).unwrap();
