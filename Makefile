@@ -1,5 +1,7 @@
 # Tether developer entry points. `make test` is what CI runs (.ci/run).
 SHELL := /usr/bin/env bash
+# Tool versions and the image's Rust target (IMAGE_RUST_TARGET): one place, shared with e2e/tools.sh.
+include e2e/versions.env
 CARGO ?= cargo
 export CARGO_TERM_PROGRESS_WHEN ?= auto
 
@@ -35,6 +37,7 @@ lint: ## rustfmt check and clippy with warnings denied
 	@rustup component add rustfmt clippy >/dev/null 2>&1 || true
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --locked -p tether-controller --features heap-stats --all-targets -- -D warnings
 
 build: ## Build every crate
 	$(CARGO) build --locked --workspace --all-targets
@@ -49,9 +52,15 @@ bench: tools ## Benchmark: one leader against N simulated members (N="100 1000 5
 	$(CARGO) build --locked --release -p tether-controller
 	TETHER_BIN_DIR=$(CURDIR)/target/release $(CARGO) run --locked --release -q -p tether-e2e --example scale_bench -- $(N) $(if $(TTL),--credential-ttl $(TTL)) $(if $(FAILOVERS),--failovers $(FAILOVERS)) $(if $(FAILOVER_BINS),--failover-bins $(FAILOVER_BINS))
 
-soak: tools ## Soak: a leader with N simulated members for DURATION under random faults (N=1000 DURATION=30m; WITHOUT=leader-killed,... leaves faults out); prints the recovery table
-	$(CARGO) build --locked --release -p tether-controller
-	TETHER_BIN_DIR=$(CURDIR)/target/release $(CARGO) run --locked --release -q -p tether-e2e --example soak -- \
+# The soak runs the leader binary that the image ships (static musl: its allocator is the one
+# users run); BUILD=host runs the host's glibc release build instead. HEAP=1 builds that binary
+# with the heap-stats feature (live heap bytes on /metrics, a column of the soak's table).
+SOAK_BIN_DIR = $(if $(filter host,$(BUILD)),$(CURDIR)/target/release,$(CURDIR)/target/$(IMAGE_RUST_TARGET)/release)
+SOAK_FEATURES = $(if $(HEAP),--features tether-controller/heap-stats)
+
+soak: tools ## Soak: a leader with N simulated members for DURATION under random faults (N=1000 DURATION=30m; WITHOUT=leader-killed,... leaves faults out; BUILD=host: the glibc build, not the image's; HEAP=1: also report the live heap); prints the recovery table
+	$(if $(filter host,$(BUILD)),$(CARGO) build --locked --release -p tether-controller $(SOAK_FEATURES),$(if $(HEAP),CC_x86_64_unknown_linux_musl=musl-gcc $(CARGO) build --locked --release --target $(IMAGE_RUST_TARGET) -p tether-controller $(SOAK_FEATURES),@bash e2e/image.sh))
+	TETHER_BIN_DIR=$(SOAK_BIN_DIR) $(CARGO) run --locked --release -q -p tether-e2e --example soak -- \
 	  --members $(or $(N),1000) --duration $(or $(DURATION),30m) $(if $(WITHOUT),--without $(WITHOUT))
 
 bench-costs: tools ## Benchmark: API server cost of a Lease heartbeat vs the announce heartbeat vs a credential renewal

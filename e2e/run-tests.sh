@@ -18,6 +18,10 @@ long=$!
 
 $cargo test --locked --workspace --no-fail-fast 2>&1 | tee target/test-output.log
 rc=${PIPESTATUS[0]}
+# The soak's heap-stats build (`make soak HEAP=1`): its own allocator, its own unit test.
+echo "== tether-controller --features heap-stats (unit tests)"
+$cargo test --locked -p tether-controller --features heap-stats --lib 2>&1 | tee -a target/test-output.log
+[ "${PIPESTATUS[0]}" = 0 ] || rc=1
 
 start=$SECONDS
 while kill -0 "$long" 2>/dev/null; do

@@ -5,7 +5,9 @@
 //! again, members leaving and new ones joining. After each fault it measures how long until
 //! the ClusterSet counts every expected member Ready again. At the end it prints members lost,
 //! duplicate registrations, heartbeats failed, recovery p50/p99 per fault, writes per
-//! heartbeat and the leader's memory, against the targets.
+//! heartbeat and the leader's memory and CPU, against the targets. The leader binary is the
+//! one `TETHER_BIN_DIR` names; `make soak` points it at the image's static musl build, the
+//! allocator users run.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -24,7 +26,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::fleet::{LeaderSide, leader_on};
-use crate::scale::{classify, request_counts, rss_mib, set_counts, wait_for_counts};
+use crate::scale::{CLOCK_TICKS, classify, cpu_ticks, request_counts, rss_mib, set_counts, wait_for_counts};
 use crate::sim::{HOME, join_token, leader_token};
 
 /// What to run.
@@ -91,6 +93,13 @@ struct Life {
     after: Vec<f64>,
     end: f64,
     lived: Duration,
+    /// CPU seconds (user + system) over the whole process life.
+    cpu: f64,
+    /// Wall time of the whole process life.
+    up: Duration,
+    /// Live heap bytes (MiB) at the same moments as the RSS, when the binary reports them (a
+    /// `heap-stats` build, `make soak HEAP=1`): start, after each recovery, end.
+    heap: Option<(f64, Vec<f64>, f64)>,
 }
 
 const FAULTS: [Fault; 5] = [
@@ -137,6 +146,7 @@ pub struct Outcome {
     rss: Vec<Life>,
     leader_restarts: usize,
     denials: usize,
+    binary: String,
 }
 
 impl Outcome {
@@ -171,8 +181,9 @@ impl Outcome {
         let grace = s.interval * 4;
         let _ = writeln!(
             out,
-            "## Soak: {} members, {:?}, heartbeat {:?}, grace {grace:?}, faults every {:?}–{:?}\n",
-            s.members, s.duration, s.interval, s.gap.0, s.gap.1
+            "## Soak: {} members, {:?}, heartbeat {:?}, grace {grace:?}, faults every {:?}–{:?}\n\n\
+             Leader binary: `{}`.\n",
+            s.members, s.duration, s.interval, s.gap.0, s.gap.1, self.binary
         );
         let _ = writeln!(
             out,
@@ -270,6 +281,29 @@ impl Outcome {
                 after.join(", "),
             );
         }
+        for (i, l) in self.rss.iter().enumerate() {
+            let Some((start, after, end)) = &l.heap else {
+                continue;
+            };
+            let after: Vec<String> = after.iter().map(|m| format!("{m:.1}")).collect();
+            let _ = writeln!(
+                out,
+                "| leader process {} live heap start → end | {start:.1} → {end:.1} MiB ({:+.1} %); after each recovery: [{}] | — (a leak grows here) |",
+                i + 1,
+                100.0 * (end - start) / start.max(f64::MIN_POSITIVE),
+                after.join(", "),
+            );
+        }
+        for (i, l) in self.rss.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "| leader process {} CPU | {:.1} s over {:.0} s ({:.1} % of a core) | — |",
+                i + 1,
+                l.cpu,
+                l.up.as_secs_f64(),
+                100.0 * l.cpu / l.up.as_secs_f64().max(f64::MIN_POSITIVE),
+            );
+        }
         let _ = writeln!(
             out,
             "\nLeader process restarts: {}. RBAC refusals in the last leader process's log: {} \
@@ -284,24 +318,64 @@ impl Outcome {
 struct Leader {
     side: LeaderSide,
     kubeconfig: std::path::PathBuf,
+    /// When this process started.
+    up: Instant,
+    /// When its memory is counted from (its first full recovery).
     started: Instant,
     start_rss: Option<f64>,
     after: Vec<f64>,
+    start_heap: Option<f64>,
+    heap_after: Vec<f64>,
 }
 
 impl Leader {
     /// This process's memory so far.
-    fn life(&mut self) -> Life {
+    async fn life(&mut self) -> Life {
+        let heap_end = self.live_heap().await;
+        let heap_after = std::mem::take(&mut self.heap_after);
         Life {
             start: self.start_rss.unwrap_or(0.0),
             after: std::mem::take(&mut self.after),
             end: rss_mib(self.side.controller.pid(), "VmRSS"),
             lived: self.started.elapsed(),
+            cpu: cpu_ticks(self.side.controller.pid()) as f64 / CLOCK_TICKS,
+            up: self.up.elapsed(),
+            heap: self.start_heap.zip(heap_end).map(|(s, e)| (s, heap_after, e)),
         }
     }
 
-    fn restart(&mut self) -> Life {
-        let life = self.life();
+    /// Samples the process's memory after a full recovery: the first sample is its start.
+    async fn sample(&mut self) {
+        let (rss, heap) = (
+            rss_mib(self.side.controller.pid(), "VmRSS"),
+            self.live_heap().await,
+        );
+        if self.start_rss.is_none() {
+            self.start_rss = Some(rss);
+            self.start_heap = heap;
+            self.started = Instant::now();
+        } else {
+            self.after.push(rss);
+            self.heap_after.extend(heap);
+        }
+    }
+
+    /// The live heap in MiB, when the binary reports it (a `heap-stats` build).
+    async fn live_heap(&self) -> Option<f64> {
+        let (_, text) = self.side.controller.admin_get("/metrics").await.ok()?;
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(tether_controller::heap::LIVE_BYTES)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .map(|bytes| bytes / (1024.0 * 1024.0))
+    }
+
+    async fn restart(&mut self) -> Life {
+        let life = self.life().await;
         self.side.controller.kill();
         self.side.controller = Controller::start(
             &self.side.cluster,
@@ -310,8 +384,10 @@ impl Leader {
             &["leader", "--leader-elect=false"],
         )
         .expect("leader process");
+        self.up = Instant::now();
         self.started = Instant::now();
         self.start_rss = None;
+        self.start_heap = None;
         life
     }
 }
@@ -330,9 +406,12 @@ pub async fn run(settings: &Settings) -> Outcome {
     let mut leader = Leader {
         side,
         kubeconfig,
+        up: Instant::now(),
         started: Instant::now(),
         start_rss: None,
         after: Vec::new(),
+        start_heap: None,
+        heap_after: Vec::new(),
     };
     let admin = leader.side.admin.clone();
     let token = join_token(&admin).await;
@@ -364,7 +443,7 @@ pub async fn run(settings: &Settings) -> Outcome {
     .expect("every member joins");
     wait_for_counts(&admin, running.len(), running.len(), Duration::from_secs(600)).await;
     tokio::time::sleep(interval).await;
-    leader.start_rss = Some(rss_mib(leader.side.controller.pid(), "VmRSS"));
+    leader.sample().await;
 
     let mut writes = BTreeMap::new();
     let mut since = request_counts(&admin).await;
@@ -394,7 +473,7 @@ pub async fn run(settings: &Settings) -> Outcome {
         let at = Instant::now();
         match fault {
             Fault::LeaderKilled => {
-                rss.push(leader.restart());
+                rss.push(leader.restart().await);
                 leader_restarts += 1;
             }
             Fault::ApiServerRestarted => {
@@ -463,13 +542,7 @@ pub async fn run(settings: &Settings) -> Outcome {
                 );
                 recoveries.entry(fault).or_default().push(took);
                 // NB: a new leader's memory counts from its first full recovery (caches filled).
-                let now = rss_mib(leader.side.controller.pid(), "VmRSS");
-                if leader.start_rss.is_none() {
-                    leader.start_rss = Some(now);
-                    leader.started = Instant::now();
-                } else {
-                    leader.after.push(now);
-                }
+                leader.sample().await;
                 let worst = unready.entry(fault).or_default();
                 *worst = (*worst).max(not_ready);
             }
@@ -485,7 +558,7 @@ pub async fn run(settings: &Settings) -> Outcome {
     // Let the last fault settle for one interval before the closing figures.
     tokio::time::sleep(interval).await;
     add_writes(&mut writes, &since, &request_counts(&admin).await, window);
-    rss.push(leader.life());
+    rss.push(leader.life().await);
     let heartbeats = fleet.stats.heartbeats() - beats_before;
     let heartbeat_failures = fleet.stats.failures() - failures_before;
 
@@ -512,6 +585,9 @@ pub async fn run(settings: &Settings) -> Outcome {
         rss,
         leader_restarts,
         denials,
+        binary: tether_testkit::controller::binary("tether-controller")
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
     }
 }
 

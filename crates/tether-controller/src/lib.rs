@@ -11,6 +11,8 @@ use tether_process::{ProcessArgs, admin, leadership, logging, signals};
 use tokio::sync::watch;
 use tracing::{error, info};
 
+pub mod heap;
+
 /// The build's version and commit, for the start-up line and `--version`.
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TETHER_BUILD"), ")");
 
@@ -306,7 +308,7 @@ impl Plumbing {
         });
         let (ready, ready_rx) = watch::channel(false);
         let health = admin::Health {
-            metrics: Arc::new(encode),
+            metrics: Arc::new(move || heap::with_heap(encode())),
             ready: ready_rx,
         };
         let (_, admin) = admin::start(process.admin_addr, health, shutdown.clone()).await?;
