@@ -1102,6 +1102,13 @@ pub fn cpu_ns(pid: u32) -> u64 {
         .sum()
 }
 
+/// The value of the series `series` (name and labels, as printed) in Prometheus or OpenMetrics
+/// text `text`.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 /// A memory figure (`VmRSS`, `VmHWM`) of `pid` in MiB.
 pub fn rss_mib(pid: u32, field: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))

@@ -26,7 +26,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::fleet::{LeaderSide, leader_on};
-use crate::scale::{CLOCK_TICKS, classify, cpu_ticks, request_counts, rss_mib, set_counts, wait_for_counts};
+use crate::scale::{
+    CLOCK_TICKS, classify, cpu_ticks, metric, request_counts, rss_mib, set_counts, wait_for_counts,
+};
 use crate::sim::{HOME, join_token, leader_token};
 
 /// What to run.
@@ -363,15 +365,7 @@ impl Leader {
     /// The live heap in MiB, when the binary reports it (a `heap-stats` build).
     async fn live_heap(&self) -> Option<f64> {
         let (_, text) = self.side.controller.admin_get("/metrics").await.ok()?;
-        text.lines()
-            .find_map(|l| {
-                l.strip_prefix(tether_controller::heap::LIVE_BYTES)?
-                    .strip_prefix(' ')?
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-            })
-            .map(|bytes| bytes / (1024.0 * 1024.0))
+        metric(&text, tether_controller::heap::LIVE_BYTES).map(|bytes| bytes / (1024.0 * 1024.0))
     }
 
     async fn restart(&mut self) -> Life {

@@ -587,8 +587,7 @@ async fn leader_metric(leader: &LeaderSide, series: &str) -> f64 {
         .admin_get("/metrics")
         .await
         .expect("leader /metrics");
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+    tether_e2e::scale::metric(&text, series)
         .unwrap_or_else(|| panic!("no {series} in the leader's metrics:\n{text}"))
 }
 
