@@ -1078,15 +1078,30 @@ impl Cpu {
 /// `USER_HZ`: Linux reports process times in 1/100 s.
 pub const CLOCK_TICKS: f64 = 100.0;
 
-/// utime + stime of `pid`, in clock ticks.
-pub fn cpu_ticks(pid: u32) -> u64 {
+/// The numeric fields of `/proc/<pid>/stat` after the command name (field 3 on), 0 where
+/// unreadable.
+fn stat_fields(pid: u32) -> Vec<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // NB: the command name (field 2) may contain spaces; fields after its ')' are fixed.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let get = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    rest.split_whitespace().map(|f| f.parse().unwrap_or(0)).collect()
+}
+
+/// utime + stime of `pid`, in clock ticks.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let fields = stat_fields(pid);
     // utime and stime are fields 14 and 15, i.e. 11 and 12 after the ')'.
-    get(11) + get(12)
+    fields.get(11).unwrap_or(&0) + fields.get(12).unwrap_or(&0)
+}
+
+/// How long ago `pid` started (its `starttime`, field 22, against `/proc/uptime`).
+pub fn process_age(pid: u32) -> Duration {
+    let started = stat_fields(pid).get(19).copied().unwrap_or(0) as f64 / CLOCK_TICKS;
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|u| u.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0);
+    Duration::from_secs_f64((uptime - started).max(0.0))
 }
 
 /// Time `pid`'s live threads have spent on a CPU, in nanoseconds (`/proc/<pid>/task/*/schedstat`;

@@ -27,7 +27,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::fleet::{LeaderSide, leader_on};
 use crate::scale::{
-    CLOCK_TICKS, classify, cpu_ticks, metric, request_counts, rss_mib, set_counts, wait_for_counts,
+    CLOCK_TICKS, classify, cpu_ticks, metric, process_age, request_counts, rss_mib, set_counts,
+    wait_for_counts,
 };
 use crate::sim::{HOME, join_token, leader_token};
 
@@ -88,20 +89,75 @@ impl Fault {
     }
 }
 
-/// One leader process's memory: at its first full recovery, after each later recovery, at its end.
+/// One reading of a leader process's memory, after a full recovery or at its end.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Sample {
+    /// Since the process started.
+    at: Duration,
+    /// Resident set, MiB.
+    rss: f64,
+    /// Live heap, MiB: the lowest of a few readings (a `heap-stats` build, `make soak HEAP=1`).
+    heap: Option<f64>,
+    /// Whether the process had relisted everything (recovered from an API server restart) by
+    /// then. A relist holds the old caches and the new list at once, so it is the working set's
+    /// high-water mark: memory counts from the first such sample on.
+    relisted: bool,
+}
+
+/// One leader process: its memory after each full recovery and at its end, and its CPU.
 #[derive(Clone, Debug)]
 struct Life {
-    start: f64,
-    after: Vec<f64>,
-    end: f64,
-    lived: Duration,
+    /// After each full recovery, then at the end.
+    samples: Vec<Sample>,
     /// CPU seconds (user + system) over the whole process life.
     cpu: f64,
     /// Wall time of the whole process life.
     up: Duration,
-    /// Live heap bytes (MiB) at the same moments as the RSS, when the binary reports them (a
-    /// `heap-stats` build, `make soak HEAP=1`): start, after each recovery, end.
-    heap: Option<(f64, Vec<f64>, f64)>,
+}
+
+/// How one process's memory is judged.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Verdict {
+    /// Growth from its first sample after a relist to its end, as a share: RSS, live heap.
+    Judged {
+        from: Sample,
+        rss: f64,
+        heap: Option<f64>,
+    },
+    /// Too little to judge a leak by.
+    NotJudged(&'static str),
+}
+
+impl Life {
+    fn end(&self) -> Option<&Sample> {
+        self.samples.last()
+    }
+
+    fn verdict(&self) -> Verdict {
+        let (Some(from), Some(end)) = (self.samples.iter().find(|s| s.relisted), self.end()) else {
+            return Verdict::NotJudged("no relist in its life");
+        };
+        if end.at.saturating_sub(from.at) < MEMORY_JUDGED_AFTER {
+            return Verdict::NotJudged("lived < 300 s after its first relist");
+        }
+        let growth = |a: f64, b: f64| (b - a) / a.max(f64::MIN_POSITIVE);
+        Verdict::Judged {
+            from: *from,
+            rss: growth(from.rss, end.rss),
+            heap: from.heap.zip(end.heap).map(|(a, b)| growth(a, b)),
+        }
+    }
+}
+
+/// Whether memory growth met the target (< +10 %): every judged process within it and at least
+/// one process judged (no judgement is no proof).
+fn memory_met(lives: &[Life]) -> bool {
+    let verdicts: Vec<Verdict> = lives.iter().map(Life::verdict).collect();
+    verdicts.iter().any(|v| matches!(v, Verdict::Judged { .. }))
+        && verdicts.iter().all(|v| match v {
+            Verdict::Judged { rss, heap, .. } => *rss < 0.10 && heap.is_none_or(|h| h < 0.10),
+            Verdict::NotJudged(_) => true,
+        })
 }
 
 const FAULTS: [Fault; 5] = [
@@ -112,9 +168,9 @@ const FAULTS: [Fault; 5] = [
     Fault::Churn,
 ];
 
-/// Leader processes that lived less than this (from their first full recovery) are reported but
-/// not judged on memory growth: a few minutes show warm-up, not a leak.
-const RSS_JUDGED_AFTER: Duration = Duration::from_secs(300);
+/// Leader processes that lived less than this after their first relist are reported but not
+/// judged on memory growth: a few minutes show warm-up, not a leak.
+const MEMORY_JUDGED_AFTER: Duration = Duration::from_secs(300);
 
 /// A member heartbeating in its own task.
 struct Running {
@@ -159,21 +215,11 @@ impl Outcome {
             && self.duplicates.is_empty()
             && self.timeouts.is_empty()
             && self.recoveries.values().flatten().all(|d| *d <= bound)
-            && self.worst_rss_growth() < 0.10
+            && memory_met(&self.rss)
     }
 
     fn recovery_bound(&self) -> Duration {
         self.settings.interval * 5
-    }
-
-    /// The largest RSS growth of one leader process that lived long enough to judge, as a share
-    /// of its start.
-    fn worst_rss_growth(&self) -> f64 {
-        self.rss
-            .iter()
-            .filter(|l| l.start > 0.0 && l.lived >= RSS_JUDGED_AFTER)
-            .map(|l| (l.end - l.start) / l.start)
-            .fold(0.0, f64::max)
     }
 
     /// The report as Markdown.
@@ -266,34 +312,34 @@ impl Outcome {
             self.writes / self.heartbeats.max(1) as f64,
             by_kind.join(", ")
         );
+        let mib = |v: &[f64]| v.iter().map(|m| format!("{m:.1}")).collect::<Vec<_>>().join(", ");
+        let pct = |g: f64| format!("{:+.1} %", 100.0 * g);
         for (i, l) in self.rss.iter().enumerate() {
-            let (start, end) = (l.start, l.end);
-            let judged = if l.lived < RSS_JUDGED_AFTER {
-                format!("not judged: lived < {} s", RSS_JUDGED_AFTER.as_secs())
-            } else {
-                mark(start <= 0.0 || (end - start) / start < 0.10).to_string()
+            let rss: Vec<f64> = l.samples.iter().map(|s| s.rss).collect();
+            let heap: Vec<f64> = l.samples.iter().filter_map(|s| s.heap).collect();
+            let (judged, growth) = match l.verdict() {
+                Verdict::Judged { from, rss, heap } => (
+                    mark(rss < 0.10 && heap.is_none_or(|h| h < 0.10)).to_string(),
+                    format!(
+                        "from its first relist ({:.0} s in): RSS {}{}",
+                        from.at.as_secs_f64(),
+                        pct(rss),
+                        heap.map(|h| format!(", live heap {}", pct(h)))
+                            .unwrap_or_default()
+                    ),
+                ),
+                Verdict::NotJudged(why) => (format!("not judged: {why}"), "—".to_string()),
             };
-            let after: Vec<String> = l.after.iter().map(|m| format!("{m:.1}")).collect();
             let _ = writeln!(
                 out,
-                "| leader process {} RSS start → end | {start:.1} → {end:.1} MiB over {:.0} s ({:+.1} %); after each recovery: [{}] | < +10 % ({judged}) |",
+                "| leader process {} memory | {growth}; RSS after each recovery and at the end: [{}] MiB{} | < +10 % ({judged}) |",
                 i + 1,
-                l.lived.as_secs_f64(),
-                100.0 * (end - start) / start.max(f64::MIN_POSITIVE),
-                after.join(", "),
-            );
-        }
-        for (i, l) in self.rss.iter().enumerate() {
-            let Some((start, after, end)) = &l.heap else {
-                continue;
-            };
-            let after: Vec<String> = after.iter().map(|m| format!("{m:.1}")).collect();
-            let _ = writeln!(
-                out,
-                "| leader process {} live heap start → end | {start:.1} → {end:.1} MiB ({:+.1} %); after each recovery: [{}] | — (a leak grows here) |",
-                i + 1,
-                100.0 * (end - start) / start.max(f64::MIN_POSITIVE),
-                after.join(", "),
+                mib(&rss),
+                if heap.is_empty() {
+                    String::new()
+                } else {
+                    format!("; live heap: [{}] MiB", mib(&heap))
+                },
             );
         }
         for (i, l) in self.rss.iter().enumerate() {
@@ -320,52 +366,55 @@ impl Outcome {
 struct Leader {
     side: LeaderSide,
     kubeconfig: std::path::PathBuf,
-    /// When this process started.
-    up: Instant,
-    /// When its memory is counted from (its first full recovery).
-    started: Instant,
-    start_rss: Option<f64>,
-    after: Vec<f64>,
-    start_heap: Option<f64>,
-    heap_after: Vec<f64>,
+    /// Its memory after each full recovery.
+    samples: Vec<Sample>,
+    /// Whether it has recovered from an API server restart (a relist).
+    relisted: bool,
 }
 
 impl Leader {
-    /// This process's memory so far.
+    /// This process's life so far, its end sampled now.
     async fn life(&mut self) -> Life {
-        let heap_end = self.live_heap().await;
-        let heap_after = std::mem::take(&mut self.heap_after);
+        let end = self.measure().await;
+        let mut samples = std::mem::take(&mut self.samples);
+        samples.push(end);
         Life {
-            start: self.start_rss.unwrap_or(0.0),
-            after: std::mem::take(&mut self.after),
-            end: rss_mib(self.side.controller.pid(), "VmRSS"),
-            lived: self.started.elapsed(),
+            samples,
             cpu: cpu_ticks(self.side.controller.pid()) as f64 / CLOCK_TICKS,
-            up: self.up.elapsed(),
-            heap: self.start_heap.zip(heap_end).map(|(s, e)| (s, heap_after, e)),
+            up: process_age(self.side.controller.pid()),
         }
     }
 
-    /// Samples the process's memory after a full recovery: the first sample is its start.
-    async fn sample(&mut self) {
-        let (rss, heap) = (
-            rss_mib(self.side.controller.pid(), "VmRSS"),
-            self.live_heap().await,
-        );
-        if self.start_rss.is_none() {
-            self.start_rss = Some(rss);
-            self.start_heap = heap;
-            self.started = Instant::now();
-        } else {
-            self.after.push(rss);
-            self.heap_after.extend(heap);
+    /// Samples the process's memory after a full recovery from `fault` (`None`: the joins).
+    async fn sample(&mut self, fault: Option<Fault>) {
+        self.relisted |= fault == Some(Fault::ApiServerRestarted);
+        let sample = self.measure().await;
+        self.samples.push(sample);
+    }
+
+    async fn measure(&self) -> Sample {
+        Sample {
+            at: process_age(self.side.controller.pid()),
+            rss: rss_mib(self.side.controller.pid(), "VmRSS"),
+            heap: self.live_heap().await,
+            relisted: self.relisted,
         }
     }
 
-    /// The live heap in MiB, when the binary reports it (a `heap-stats` build).
+    /// The live heap in MiB, when the binary reports it (a `heap-stats` build): the lowest of
+    /// five readings 200 ms apart, so that one in-flight list or batch of heartbeats is not
+    /// taken for held memory.
     async fn live_heap(&self) -> Option<f64> {
-        let (_, text) = self.side.controller.admin_get("/metrics").await.ok()?;
-        metric(&text, tether_controller::heap::LIVE_BYTES).map(|bytes| bytes / (1024.0 * 1024.0))
+        let mut floor: Option<f64> = None;
+        for i in 0..5 {
+            if i > 0 {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let (_, text) = self.side.controller.admin_get("/metrics").await.ok()?;
+            let mib = metric(&text, tether_controller::heap::LIVE_BYTES)? / (1024.0 * 1024.0);
+            floor = Some(floor.map_or(mib, |f| f.min(mib)));
+        }
+        floor
     }
 
     async fn restart(&mut self) -> Life {
@@ -378,10 +427,7 @@ impl Leader {
             &["leader", "--leader-elect=false"],
         )
         .expect("leader process");
-        self.up = Instant::now();
-        self.started = Instant::now();
-        self.start_rss = None;
-        self.start_heap = None;
+        self.relisted = false;
         life
     }
 }
@@ -400,12 +446,8 @@ pub async fn run(settings: &Settings) -> Outcome {
     let mut leader = Leader {
         side,
         kubeconfig,
-        up: Instant::now(),
-        started: Instant::now(),
-        start_rss: None,
-        after: Vec::new(),
-        start_heap: None,
-        heap_after: Vec::new(),
+        samples: Vec::new(),
+        relisted: false,
     };
     let admin = leader.side.admin.clone();
     let token = join_token(&admin).await;
@@ -437,7 +479,7 @@ pub async fn run(settings: &Settings) -> Outcome {
     .expect("every member joins");
     wait_for_counts(&admin, running.len(), running.len(), Duration::from_secs(600)).await;
     tokio::time::sleep(interval).await;
-    leader.sample().await;
+    leader.sample(None).await;
 
     let mut writes = BTreeMap::new();
     let mut since = request_counts(&admin).await;
@@ -535,8 +577,7 @@ pub async fn run(settings: &Settings) -> Outcome {
                     ended - at
                 );
                 recoveries.entry(fault).or_default().push(took);
-                // NB: a new leader's memory counts from its first full recovery (caches filled).
-                leader.sample().await;
+                leader.sample(Some(fault)).await;
                 let worst = unready.entry(fault).or_default();
                 *worst = (*worst).max(not_ready);
             }
@@ -685,4 +726,72 @@ async fn check_members(admin: &Client, expected: &[String]) -> (Vec<String>, Vec
         .map(|(id, count)| format!("{id}×{count}"))
         .collect();
     (lost, duplicates)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(secs: u64, rss: f64, heap: Option<f64>, relisted: bool) -> Sample {
+        Sample {
+            at: Duration::from_secs(secs),
+            rss,
+            heap,
+            relisted,
+        }
+    }
+
+    fn life(samples: Vec<Sample>) -> Life {
+        Life {
+            samples,
+            cpu: 1.0,
+            up: Duration::from_secs(600),
+        }
+    }
+
+    #[test]
+    fn memory_counts_from_the_first_relist() {
+        // The step before the first relist is warm-up (30 → 34 MiB), not growth.
+        let warm = life(vec![
+            sample(20, 30.0, None, false),
+            sample(100, 34.0, None, true),
+            sample(500, 35.0, None, true),
+        ]);
+        let Verdict::Judged { from, rss, heap } = warm.verdict() else {
+            panic!("judged: {:?}", warm.verdict());
+        };
+        assert_eq!(from.at, Duration::from_secs(100));
+        assert!((rss - 1.0 / 34.0).abs() < 1e-9, "{rss}");
+        assert_eq!(heap, None);
+        assert!(memory_met(&[warm]));
+    }
+
+    #[test]
+    fn growth_after_the_first_relist_misses_the_target() {
+        let leaking = life(vec![sample(100, 40.0, None, true), sample(500, 44.5, None, true)]);
+        assert!(!memory_met(&[leaking]));
+        // The live heap is judged as well, when the binary reports it.
+        let heap_leak = life(vec![
+            sample(100, 40.0, Some(20.0), true),
+            sample(500, 40.0, Some(22.5), true),
+        ]);
+        assert!(!memory_met(&[heap_leak]));
+    }
+
+    #[test]
+    fn short_or_unrelisted_lives_are_not_judged_and_cannot_pass_alone() {
+        let short = life(vec![sample(100, 30.0, None, true), sample(250, 60.0, None, true)]);
+        let never = life(vec![
+            sample(20, 30.0, None, false),
+            sample(900, 60.0, None, false),
+        ]);
+        assert_eq!(
+            short.verdict(),
+            Verdict::NotJudged("lived < 300 s after its first relist")
+        );
+        assert_eq!(never.verdict(), Verdict::NotJudged("no relist in its life"));
+        assert!(!memory_met(&[short.clone(), never.clone()]));
+        let judged = life(vec![sample(100, 40.0, None, true), sample(500, 41.0, None, true)]);
+        assert!(memory_met(&[short, never, judged]));
+    }
 }
