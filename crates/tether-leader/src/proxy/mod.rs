@@ -5,24 +5,24 @@
 //! and points the proxy Service's EndpointSlice at itself; on
 //! losing it, it stops listening and closes every tunnel so agents reconnect to the new leader.
 
+mod certificate;
 pub mod frontproxy;
 pub mod server;
 pub mod serving;
+mod trust;
 pub mod tunnels;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersionKind;
-use kube::runtime::{WatchStreamExt, watcher};
 use tether_api::conditions::{ConditionType, Reason, Status, condition, find};
 use tether_api::{ManagedCluster, ManagedClusterStatus};
 use tokio::sync::{mpsc, watch};
@@ -30,8 +30,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::Context;
-use crate::metrics::Metrics;
+use certificate::{Renewal, ensure_serving};
 use frontproxy::{AUTH_CONFIGMAP, AUTH_NAMESPACE, FrontProxy};
+use trust::{Trust, follow_trust};
 use tunnels::{Change, Tunnels};
 
 /// The field manager of what the proxy writes (its own: the Ready condition is another's).
@@ -237,258 +238,6 @@ fn apiservice_resource() -> ApiResource {
         &GroupVersionKind::gvk("apiregistration.k8s.io", "v1", "APIService"),
         "apiservices",
     )
-}
-
-/// The shared serving certificate: read, or made by whichever replica leads first; replaced
-/// when it is due (see `serving::is_due`) before this term serves it.
-async fn ensure_serving(secrets: &Api<Secret>, opts: &ProxyOptions) -> Result<serving::Stored, ProxyError> {
-    let found = secrets
-        .get_opt(&opts.secret)
-        .await
-        .map_err(api("read the proxy serving Secret"))?;
-    match found {
-        Some(s) => match serving::from_secret(&s) {
-            Some(stored) if !serving::is_due(&stored, time::OffsetDateTime::now_utc()) => Ok(stored),
-            Some(stored) => renew(secrets, opts, &s, &stored).await,
-            None => Err(ProxyError::Tls(format!(
-                "Secret {} is incomplete (tls.crt, tls.key, ca.crt): delete it and the leader makes a new one",
-                opts.secret
-            ))),
-        },
-        None => {
-            let made = serving::next(None, &dns(opts), opts.cert_validity)
-                .map_err(|e| ProxyError::Tls(e.to_string()))?;
-            match secrets
-                .create(
-                    &PostParams::default(),
-                    &serving::secret(&opts.namespace, &opts.secret, &made),
-                )
-                .await
-            {
-                Ok(_) => {
-                    info!(secret = %opts.secret, "Created the proxy serving certificate");
-                    Ok(made)
-                }
-                Err(kube::Error::Api(e)) if e.code == 409 => read_serving(secrets, opts).await,
-                Err(e) => Err(ProxyError::Api {
-                    op: "create the proxy serving Secret",
-                    source: e,
-                }),
-            }
-        }
-    }
-}
-
-fn dns(opts: &ProxyOptions) -> String {
-    serving::service_dns(&opts.namespace, &opts.service)
-}
-
-async fn read_serving(secrets: &Api<Secret>, opts: &ProxyOptions) -> Result<serving::Stored, ProxyError> {
-    let s = secrets
-        .get(&opts.secret)
-        .await
-        .map_err(api("read the proxy serving Secret"))?;
-    serving::from_secret(&s).ok_or_else(|| ProxyError::Tls(format!("Secret {} is incomplete", opts.secret)))
-}
-
-/// Replaces the Secret `current` (holding `stored`) with the next certificate, from the same
-/// CA when its key is kept. The write is conditional on `current`'s resourceVersion: when
-/// another replica renewed first, its certificate is the one used.
-async fn renew(
-    secrets: &Api<Secret>,
-    opts: &ProxyOptions,
-    current: &Secret,
-    stored: &serving::Stored,
-) -> Result<serving::Stored, ProxyError> {
-    let made = serving::next(Some(stored), &dns(opts), opts.cert_validity)
-        .map_err(|e| ProxyError::Tls(e.to_string()))?;
-    let mut secret = serving::secret(&opts.namespace, &opts.secret, &made);
-    secret.metadata.resource_version = current.resource_version();
-    match secrets
-        .replace(&opts.secret, &PostParams::default(), &secret)
-        .await
-    {
-        Ok(_) => {
-            let ca = if made.serving.ca == stored.serving.ca {
-                "same CA"
-            } else {
-                "new CA"
-            };
-            info!(secret = %opts.secret, ca, "Renewed the proxy serving certificate");
-            Ok(made)
-        }
-        Err(kube::Error::Api(e)) if e.code == 409 => read_serving(secrets, opts).await,
-        Err(e) => Err(ProxyError::Api {
-            op: "renew the proxy serving certificate (update its Secret)",
-            source: e,
-        }),
-    }
-}
-
-/// What renewing the serving certificate during a term needs.
-struct Renewal<'a> {
-    secrets: Api<Secret>,
-    opts: &'a ProxyOptions,
-    stored: serving::Stored,
-    metrics: Metrics,
-    /// When to try again after a failed renewal.
-    retry: Option<tokio::time::Instant>,
-}
-
-/// How long a failed renewal waits before the next try.
-const RENEW_RETRY: Duration = Duration::from_secs(60);
-
-impl Renewal<'_> {
-    /// Waits until the certificate served is due, or until a failed renewal is tried again.
-    async fn due(&self) {
-        if let Some(at) = self.retry {
-            return tokio::time::sleep_until(at).await;
-        }
-        let now = time::OffsetDateTime::now_utc();
-        let wait = serving::renew_at(&self.stored.serving.cert)
-            .map(|at| (at - now).max(time::Duration::ZERO))
-            .unwrap_or(time::Duration::ZERO);
-        tokio::time::sleep(wait.try_into().unwrap_or(Duration::ZERO)).await;
-    }
-
-    /// Renews the certificate (same CA), unless another replica did; what to serve from now on.
-    /// A failure is counted and tried again after [`RENEW_RETRY`].
-    async fn renew(&mut self) -> Result<serving::Stored, ProxyError> {
-        match self.next().await {
-            Ok(next) => {
-                self.retry = None;
-                self.metrics.proxy_cert_renewal("renewed");
-                self.metrics
-                    .set_proxy_cert_expiry(serving::expires_at(&next.serving.cert).unwrap_or(0));
-                self.stored = next.clone();
-                Ok(next)
-            }
-            Err(e) => {
-                self.retry = Some(tokio::time::Instant::now() + RENEW_RETRY);
-                self.metrics.proxy_cert_renewal("failed");
-                Err(e)
-            }
-        }
-    }
-
-    async fn next(&self) -> Result<serving::Stored, ProxyError> {
-        let next = ensure_serving(&self.secrets, self.opts).await?;
-        // NB: a new CA (someone replaced the Secret by hand) is served only once the APIService
-        // trusts it; the leaf of the same CA is trusted already.
-        if next.serving.ca != self.stored.serving.ca {
-            return Err(ProxyError::Tls(format!(
-                "Secret {} now holds another CA; the next leadership term serves it",
-                self.opts.secret
-            )));
-        }
-        Ok(next)
-    }
-}
-
-/// The front-proxy trust of one moment and the TLS acceptor that verifies client certificates
-/// against it.
-struct Trust {
-    front: Arc<FrontProxy>,
-    acceptor: tokio_rustls::TlsAcceptor,
-}
-
-impl Trust {
-    fn new(front: FrontProxy, serving: &serving::Serving) -> Result<Self, ProxyError> {
-        let tls = tls_config(&front, serving)?;
-        Ok(Self {
-            front: Arc::new(front),
-            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(tls)),
-        })
-    }
-}
-
-/// Follows the API server's front-proxy ConfigMap for the rest of the serving term, renews the
-/// serving certificate when it is due, and publishes each changed trust. A ConfigMap that
-/// cannot be used keeps the last good trust (and says why in the log), so a bad edit never
-/// locks the API server out; a watch error is retried with backoff.
-async fn follow_trust(
-    configmaps: Api<ConfigMap>,
-    mut renewal: Renewal<'_>,
-    trust: watch::Sender<Arc<Trust>>,
-) {
-    let config = watcher::Config::default().fields(&format!("metadata.name={AUTH_CONFIGMAP}"));
-    let mut events = std::pin::pin!(
-        watcher::watcher(configmaps, config)
-            .default_backoff()
-            .applied_objects()
-    );
-    loop {
-        let event = tokio::select! {
-            e = events.next() => match e {
-                Some(e) => e,
-                None => break,
-            },
-            () = renewal.due() => {
-                match renewal.renew().await {
-                    // NB: the front is cloned out first: a `borrow()` held across `send_replace`
-                    // deadlocks the watch channel (and with it this task's accept loop).
-                    Ok(next) => match Trust::new(current_front(&trust), &next.serving) {
-                        Ok(t) => {
-                            info!("New connections are served the renewed certificate");
-                            trust.send_replace(Arc::new(t));
-                        }
-                        Err(e) => error!(error = &e as &dyn std::error::Error, "Cannot serve the renewed certificate"),
-                    },
-                    // NB: no sleep here: the front-proxy watch goes on while the retry waits.
-                    Err(e) => error!(error = &e as &dyn std::error::Error, "Cannot renew the proxy serving certificate; retrying in 1 min"),
-                }
-                continue;
-            }
-        };
-        let cm = match event {
-            Ok(cm) => cm,
-            Err(e) => {
-                warn!(
-                    error = &e as &dyn std::error::Error,
-                    "Cannot watch {AUTH_NAMESPACE}/{AUTH_CONFIGMAP}; retrying"
-                );
-                continue;
-            }
-        };
-        let next = match FrontProxy::from_configmap(&cm) {
-            Ok(front) if front == *trust.borrow().front => continue,
-            Ok(front) => Trust::new(front, &renewal.stored.serving),
-            Err(e) => Err(e.into()),
-        };
-        match next {
-            Ok(next) => {
-                info!("The API server's front-proxy trust changed; new connections are verified against it");
-                trust.send_replace(Arc::new(next));
-            }
-            Err(e) => error!(
-                error = &e as &dyn std::error::Error,
-                "The API server's front-proxy trust changed to one that cannot be used; keeping the previous one"
-            ),
-        }
-    }
-    std::future::pending::<()>().await;
-}
-
-fn current_front(trust: &watch::Sender<Arc<Trust>>) -> FrontProxy {
-    (*trust.borrow().front).clone()
-}
-
-fn tls_config(front: &FrontProxy, s: &serving::Serving) -> Result<rustls::ServerConfig, ProxyError> {
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
-    let tls = |e: &dyn std::fmt::Display| ProxyError::Tls(e.to_string());
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(s.cert.as_bytes())
-        .collect::<Result<_, _>>()
-        .map_err(|e| tls(&e))?;
-    let key = PrivateKeyDer::from_pem_slice(s.key.as_bytes()).map_err(|e| tls(&e))?;
-    let mut config =
-        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| tls(&e))?
-            .with_client_cert_verifier(front.verifier()?)
-            .with_single_cert(certs, key)
-            .map_err(|e| tls(&e))?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(config)
 }
 
 /// Writes each tunnel change into the member's TunnelConnected condition (while leading).
