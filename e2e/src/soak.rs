@@ -138,7 +138,7 @@ impl Life {
             return Verdict::NotJudged("no relist in its life");
         };
         if end.at.saturating_sub(from.at) < MEMORY_JUDGED_AFTER {
-            return Verdict::NotJudged("lived < 300 s after its first relist");
+            return Verdict::NotJudged("lived < 180 s after its first relist");
         }
         let growth = |a: f64, b: f64| (b - a) / a.max(f64::MIN_POSITIVE);
         Verdict::Judged {
@@ -169,8 +169,11 @@ const FAULTS: [Fault; 5] = [
 ];
 
 /// Leader processes that lived less than this after their first relist are reported but not
-/// judged on memory growth: a few minutes show warm-up, not a leak.
-const MEMORY_JUDGED_AFTER: Duration = Duration::from_secs(300);
+/// judged on memory growth. Three minutes is at least one more fault (they come every 60–120 s)
+/// and 18 heartbeats of every member; with the kill fault in the rounds, a 30-minute soak has a
+/// process to judge in about 98 % of its random schedules (300 s: 87 %; simulated). A hunt for a slow leak runs one
+/// process for longer (`WITHOUT=leader-killed DURATION=2h`).
+const MEMORY_JUDGED_AFTER: Duration = Duration::from_secs(180);
 
 /// A member heartbeating in its own task.
 struct Running {
@@ -781,13 +784,14 @@ mod tests {
     #[test]
     fn short_or_unrelisted_lives_are_not_judged_and_cannot_pass_alone() {
         let short = life(vec![sample(100, 30.0, None, true), sample(250, 60.0, None, true)]);
+        // NB: 150 s after the relist: below MEMORY_JUDGED_AFTER.
         let never = life(vec![
             sample(20, 30.0, None, false),
             sample(900, 60.0, None, false),
         ]);
         assert_eq!(
             short.verdict(),
-            Verdict::NotJudged("lived < 300 s after its first relist")
+            Verdict::NotJudged("lived < 180 s after its first relist")
         );
         assert_eq!(never.verdict(), Verdict::NotJudged("no relist in its life"));
         assert!(!memory_met(&[short.clone(), never.clone()]));
