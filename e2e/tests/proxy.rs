@@ -6,7 +6,8 @@
 //! a watch longer than the leader's `--request-timeout`, an upgraded stream, a member whose
 //! agent is gone, a rotated front-proxy CA (trusted and then dropped without a restart) and an
 //! unusable one (the last good trust kept), the serving certificate renewed from the same CA
-//! while serving, a failover of the leader replica, and an agent Role
+//! while serving (and a renewal the API server refuses, retried a minute later while the
+//! front-proxy trust is still followed), a failover of the leader replica, and an agent Role
 //! of an earlier version (no attach rule) that the new leader brings up to date.
 //!
 //! This binary has its own `main` (libtest-mimic): it moves into its lab network namespace
@@ -461,7 +462,7 @@ async fn member_access() {
         !refused.starts_with("HTTP/1.1 200"),
         "the removed CA stays refused: {refused}"
     );
-    set_ca(old_ca).await;
+    set_ca(old_ca.clone()).await;
 
     step("the serving certificate is renewed from the same CA while serving (1m, at 40 s)");
     let first = serving_secret(&leader).await;
@@ -516,6 +517,111 @@ async fn member_access() {
     get(&alice, "/api/v1/namespaces", &[])
         .await
         .expect("the API server trusts the renewed certificate");
+
+    step(
+        "a renewal the API server refuses: counted, retried after 1 min; the front-proxy watch goes on meanwhile",
+    );
+    let roles = Api::<Role>::namespaced(leader.admin.clone(), HOME);
+    let granted = roles.get("tether-leader").await.expect("the leader's Role");
+    let mut revoked = granted.rules.clone().unwrap_or_default();
+    for rule in &mut revoked {
+        if rule
+            .resource_names
+            .as_ref()
+            .is_some_and(|n| n.iter().any(|n| n == "tether-leader-proxy-serving"))
+        {
+            rule.verbs.retain(|v| v != "update");
+        }
+    }
+    let set_rules = |rules: serde_json::Value| {
+        let roles = roles.clone();
+        async move {
+            roles
+                .patch(
+                    "tether-leader",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"rules": rules})),
+                )
+                .await
+                .expect("patch the leader's Role");
+        }
+    };
+    set_rules(json!(revoked)).await;
+    let renewals = |result: &'static str| {
+        let leader = &leader;
+        async move {
+            let series = format!("tether_leader_proxy_certificate_renewals_total{{result=\"{result}\"}}");
+            leader_metric(leader, &series).await
+        }
+    };
+    let renewed_before = renewals("renewed").await;
+    assert_eq!(
+        renewals("failed").await,
+        0.0,
+        "no renewal failed before the Role lost update"
+    );
+    eventually(
+        "the next renewal (40 s after the last) is refused and counted",
+        Duration::from_secs(60),
+        || async {
+            if renewals("failed").await >= 1.0 {
+                Ok(())
+            } else {
+                Err(leader.controller.log_tail(3))
+            }
+        },
+    )
+    .await;
+    assert!(
+        leader
+            .controller
+            .log()
+            .contains("Cannot renew the proxy serving certificate; retrying in 1 min"),
+        "the log says why and when it retries: {}",
+        leader.controller.log_tail(5)
+    );
+    const TRUST_CHANGED: &str = "The API server's front-proxy trust changed; new connections";
+    let changes = leader.controller.log().matches(TRUST_CHANGED).count();
+    set_ca(format!("{}\n{}", old_ca.trim_end(), rotated.ca_cert)).await;
+    eventually(
+        "the front-proxy ConfigMap is followed while the renewal waits to retry",
+        Duration::from_secs(20),
+        || async {
+            let now = leader.controller.log().matches(TRUST_CHANGED).count();
+            if now > changes { Ok(()) } else { Err(now) }
+        },
+    )
+    .await;
+    set_ca(old_ca.clone()).await;
+    assert_eq!(
+        (renewals("failed").await, renewals("renewed").await),
+        (1.0, renewed_before),
+        "one failure, not retried at once (the retry waits 1 min)"
+    );
+    set_rules(json!(granted.rules)).await;
+    eventually(
+        "the retry renews the certificate and serves it",
+        Duration::from_secs(90),
+        || async {
+            let now = serving_secret(&leader).await;
+            if renewals("renewed").await <= renewed_before {
+                return Err("not renewed yet".to_string());
+            }
+            let served = served_certificate(proxy_at, &now.1).await?;
+            if served == now.0 {
+                Ok(())
+            } else {
+                Err("renewed, not yet served".to_string())
+            }
+        },
+    )
+    .await;
+    eventually(
+        "the API server reaches the proxy again",
+        Duration::from_secs(30),
+        || get(&alice, "/api/v1/namespaces", &[]),
+    )
+    .await;
 
     step("west's agent Role as a leader before member access made it: no attach rule");
     let west_roles = Api::<Role>::namespaced(leader.admin.clone(), &ns_of("west"));

@@ -71,6 +71,10 @@ impl Default for Metrics {
         let proxied = Family::<ResultLabel, Counter>::default();
         let cert_expiry = Gauge::default();
         let cert_renewals = Family::<ResultLabel, Counter>::default();
+        // NB: both series exist from the start, so that an alert on `failed` sees its first rise.
+        for result in ["renewed", "failed"] {
+            let _ = cert_renewals.get_or_create(&ResultLabel { result });
+        }
         registry.register(
             "proxy_certificate_expiry_timestamp_seconds",
             "When the member proxy's serving certificate expires (Unix time); 0 while this replica does not serve",
@@ -259,6 +263,7 @@ mod tests {
             "tether_leader_is_leader 0",
             "tether_leader_proxy_certificate_expiry_timestamp_seconds 1800000000",
             "tether_leader_proxy_certificate_renewals_total{result=\"failed\"} 1",
+            "tether_leader_proxy_certificate_renewals_total{result=\"renewed\"} 0",
         ] {
             assert!(text.contains(want), "missing {want} in\n{text}");
         }
