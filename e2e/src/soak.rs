@@ -216,7 +216,8 @@ pub struct Outcome {
     heartbeat_failures: u64,
     writes: f64,
     writes_by_kind: BTreeMap<String, f64>,
-    rss: Vec<Life>,
+    /// Each leader process, in order.
+    lives: Vec<Life>,
     leader_restarts: usize,
     denials: usize,
     binary: String,
@@ -230,7 +231,7 @@ impl Outcome {
             && self.duplicates.is_empty()
             && self.timeouts.is_empty()
             && self.recoveries.values().flatten().all(|d| *d <= bound)
-            && memory_met(&self.rss)
+            && memory_met(&self.lives)
     }
 
     fn recovery_bound(&self) -> Duration {
@@ -329,7 +330,7 @@ impl Outcome {
         );
         let mib = |v: &[f64]| v.iter().map(|m| format!("{m:.1}")).collect::<Vec<_>>().join(", ");
         let pct = |g: f64| format!("{:+.1} %", 100.0 * g);
-        for (i, l) in self.rss.iter().enumerate() {
+        for (i, l) in self.lives.iter().enumerate() {
             let rss: Vec<f64> = l.samples.iter().map(|s| s.rss).collect();
             let heap: Vec<f64> = l.samples.iter().filter_map(|s| s.heap).collect();
             let verdict = l.verdict();
@@ -359,7 +360,7 @@ impl Outcome {
             );
         }
         if !self
-            .rss
+            .lives
             .iter()
             .any(|l| matches!(l.verdict(), Verdict::Judged { .. }))
         {
@@ -369,7 +370,7 @@ impl Outcome {
                 MEMORY_JUDGED_AFTER.as_secs()
             );
         }
-        for (i, l) in self.rss.iter().enumerate() {
+        for (i, l) in self.lives.iter().enumerate() {
             let _ = writeln!(
                 out,
                 "| leader process {} CPU | {:.1} s over {:.0} s ({:.1} % of a core) | — |",
@@ -516,7 +517,7 @@ pub async fn run(settings: &Settings) -> Outcome {
     let mut recoveries: BTreeMap<Fault, Vec<Duration>> = BTreeMap::new();
     let mut unready: BTreeMap<Fault, usize> = BTreeMap::new();
     let mut timeouts = Vec::new();
-    let mut rss = Vec::new();
+    let mut lives = Vec::new();
     let mut leader_restarts = 0;
     let started = Instant::now();
     let mut order: Vec<Fault> = Vec::new();
@@ -536,7 +537,7 @@ pub async fn run(settings: &Settings) -> Outcome {
         let at = Instant::now();
         match fault {
             Fault::LeaderKilled => {
-                rss.push(leader.restart().await);
+                lives.push(leader.restart().await);
                 leader_restarts += 1;
             }
             Fault::ApiServerRestarted => {
@@ -620,7 +621,7 @@ pub async fn run(settings: &Settings) -> Outcome {
     // Let the last fault settle for one interval before the closing figures.
     tokio::time::sleep(interval).await;
     add_writes(&mut writes, &since, &request_counts(&admin).await, window);
-    rss.push(leader.life().await);
+    lives.push(leader.life().await);
     let heartbeats = fleet.stats.heartbeats() - beats_before;
     let heartbeat_failures = fleet.stats.failures() - failures_before;
 
@@ -644,7 +645,7 @@ pub async fn run(settings: &Settings) -> Outcome {
         heartbeat_failures,
         writes: writes_total,
         writes_by_kind: writes,
-        rss,
+        lives,
         leader_restarts,
         denials,
         binary: tether_testkit::controller::binary("tether-controller")
