@@ -53,13 +53,17 @@ bench: tools ## Benchmark: one leader against N simulated members (N="100 1000 5
 	TETHER_BIN_DIR=$(CURDIR)/target/release $(CARGO) run --locked --release -q -p tether-e2e --example scale_bench -- $(N) $(if $(TTL),--credential-ttl $(TTL)) $(if $(FAILOVERS),--failovers $(FAILOVERS)) $(if $(FAILOVER_BINS),--failover-bins $(FAILOVER_BINS))
 
 # The soak runs the leader binary that the image ships (static musl: its allocator is the one
-# users run); BUILD=host runs the host's glibc release build instead. HEAP=1 builds that binary
-# with the heap-stats feature (live heap bytes on /metrics, a column of the soak's table).
-SOAK_BIN_DIR = $(if $(filter host,$(BUILD)),$(CURDIR)/target/release,$(CURDIR)/target/$(IMAGE_RUST_TARGET)/release)
-SOAK_FEATURES = $(if $(HEAP),--features tether-controller/heap-stats)
+# users run); BUILD=host runs the host's glibc release build instead. By default that binary is
+# built with the heap-stats feature (live heap bytes on /metrics: the soak judges a leak on the
+# live heap and reports RSS beside it) in its own target directory, so the image's binary is
+# never replaced by it. HEAP=0 runs the image's binary itself and judges RSS.
+SOAK_HEAP = $(if $(filter 0,$(HEAP)),,1)
+SOAK_TARGET_DIR = $(if $(SOAK_HEAP),$(CURDIR)/target/heap-stats,$(CURDIR)/target)
+SOAK_BIN_DIR = $(SOAK_TARGET_DIR)/$(if $(filter host,$(BUILD)),release,$(IMAGE_RUST_TARGET)/release)
+SOAK_CARGO_FLAGS = --locked --release -p tether-controller $(if $(SOAK_HEAP),--features tether-controller/heap-stats --target-dir $(SOAK_TARGET_DIR))
 
-soak: tools ## Soak: a leader with N simulated members for DURATION under random faults (N=1000 DURATION=30m; WITHOUT=leader-killed,... leaves faults out; BUILD=host: the glibc build, not the image's; HEAP=1: also report the live heap); prints the recovery table
-	$(if $(filter host,$(BUILD)),$(CARGO) build --locked --release -p tether-controller $(SOAK_FEATURES),$(if $(HEAP),CC_x86_64_unknown_linux_musl=musl-gcc $(CARGO) build --locked --release --target $(IMAGE_RUST_TARGET) -p tether-controller $(SOAK_FEATURES),@bash e2e/image.sh))
+soak: tools ## Soak: a leader with N simulated members for DURATION under random faults (N=1000 DURATION=30m; WITHOUT=leader-killed,... leaves faults out; BUILD=host: the glibc build, not the image's; HEAP=0: the image's binary as is, RSS judged instead of the live heap); prints the recovery table
+	$(if $(filter host,$(BUILD)),$(CARGO) build $(SOAK_CARGO_FLAGS),$(if $(SOAK_HEAP),CC_x86_64_unknown_linux_musl=musl-gcc $(CARGO) build --target $(IMAGE_RUST_TARGET) $(SOAK_CARGO_FLAGS),@bash e2e/image.sh))
 	TETHER_BIN_DIR=$(SOAK_BIN_DIR) $(CARGO) run --locked --release -q -p tether-e2e --example soak -- \
 	  --members $(or $(N),1000) --duration $(or $(DURATION),30m) $(if $(WITHOUT),--without $(WITHOUT))
 

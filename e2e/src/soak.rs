@@ -6,8 +6,9 @@
 //! the ClusterSet counts every expected member Ready again. At the end it prints members lost,
 //! duplicate registrations, heartbeats failed, recovery p50/p99 per fault, writes per
 //! heartbeat and the leader's memory and CPU, against the targets. The leader binary is the
-//! one `TETHER_BIN_DIR` names; `make soak` points it at the image's static musl build, the
-//! allocator users run.
+//! one `TETHER_BIN_DIR` names; `make soak` points it at the image's static musl build (the
+//! allocator users run) with the `heap-stats` counter, so that a leak is judged on the heap the
+//! program holds and RSS is reported beside it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -96,7 +97,8 @@ struct Sample {
     at: Duration,
     /// Resident set, MiB.
     rss: f64,
-    /// Live heap, MiB: the lowest of a few readings (a `heap-stats` build, `make soak HEAP=1`).
+    /// Live heap, MiB: the lowest of a few readings (a `heap-stats` build: `make soak` builds one
+    /// unless `HEAP=0`).
     heap: Option<f64>,
     /// Whether the process had relisted everything (recovered from an API server restart) by
     /// then. A relist holds the old caches and the new list at once, so it is the working set's
@@ -129,10 +131,14 @@ enum Verdict {
 }
 
 impl Verdict {
-    /// Judged and within the target (< +10 %).
+    /// Judged and within the target (< +10 %). A leak is memory the program holds, so when the
+    /// binary reports its live heap (the default `make soak` build), the heap is judged and RSS
+    /// is reported beside it: musl's RSS moves within a band of about 4 MiB around an unchanged
+    /// heap (docs/benchmarks.md), 11 % of a 34 MiB leader, so RSS between two moments cannot
+    /// tell a leak from the allocator's high-water. Without the heap (`HEAP=0`), RSS is judged.
     fn met(&self) -> bool {
         match self {
-            Verdict::Judged { rss, heap, .. } => *rss < 0.10 && heap.is_none_or(|h| h < 0.10),
+            Verdict::Judged { rss, heap, .. } => heap.unwrap_or(*rss) < 0.10,
             Verdict::NotJudged(_) => false,
         }
     }
@@ -335,16 +341,33 @@ impl Outcome {
             let heap: Vec<f64> = l.samples.iter().filter_map(|s| s.heap).collect();
             let verdict = l.verdict();
             let (judged, growth) = match &verdict {
-                Verdict::Judged { from, rss, heap } => (
-                    mark(verdict.met()).to_string(),
-                    format!(
-                        "from its first relist ({:.0} s in): RSS {}{}",
-                        from.at.as_secs_f64(),
-                        pct(*rss),
-                        heap.map(|h| format!(", live heap {}", pct(h)))
-                            .unwrap_or_default()
-                    ),
-                ),
+                Verdict::Judged { from, rss, heap } => {
+                    let since: Vec<f64> = l
+                        .samples
+                        .iter()
+                        .filter(|s| s.at >= from.at)
+                        .map(|s| s.rss)
+                        .collect();
+                    let (lo, hi) = since
+                        .iter()
+                        .fold((f64::MAX, f64::MIN), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
+                    let rss = format!("RSS {} (within {lo:.1}–{hi:.1} MiB)", pct(*rss));
+                    (
+                        format!(
+                            "{} {}",
+                            if heap.is_some() { "live heap" } else { "RSS" },
+                            mark(verdict.met())
+                        ),
+                        format!(
+                            "from its first relist ({:.0} s in): {}",
+                            from.at.as_secs_f64(),
+                            match heap {
+                                Some(h) => format!("live heap {}; {rss}, reported", pct(*h)),
+                                None => rss,
+                            }
+                        ),
+                    )
+                }
                 Verdict::NotJudged(why) => (format!("not judged: {why}"), "—".to_string()),
             };
             let _ = writeln!(
@@ -798,12 +821,35 @@ mod tests {
     fn growth_after_the_first_relist_misses_the_target() {
         let leaking = life(vec![sample(100, 40.0, None, true), sample(500, 44.5, None, true)]);
         assert!(!memory_met(&[leaking]));
-        // The live heap is judged as well, when the binary reports it.
+        // The live heap is judged when the binary reports it: a held heap misses even with RSS
+        // flat.
         let heap_leak = life(vec![
             sample(100, 40.0, Some(20.0), true),
             sample(500, 40.0, Some(22.5), true),
         ]);
         assert!(!memory_met(&[heap_leak]));
+    }
+
+    #[test]
+    fn a_reported_heap_is_judged_rather_than_rss() {
+        // Stop 28's default run: RSS 34.2 → 37.6 MiB (+10 %) from the first relist. With the
+        // live heap flat, that is the allocator's high-water, not held memory.
+        let high_water = life(vec![
+            sample(300, 34.2, Some(19.6), true),
+            sample(1151, 37.6, Some(19.7), true),
+        ]);
+        let Verdict::Judged { rss, heap, .. } = high_water.verdict() else {
+            panic!("judged: {:?}", high_water.verdict());
+        };
+        assert!(rss >= 0.099, "{rss}");
+        assert!(heap.is_some_and(|h| h < 0.01), "{heap:?}");
+        assert!(memory_met(&[high_water]));
+        // The same RSS without a heap reading is judged on RSS, and misses.
+        let rss_only = life(vec![
+            sample(300, 34.2, None, true),
+            sample(1151, 37.7, None, true),
+        ]);
+        assert!(!memory_met(&[rss_only]));
     }
 
     #[test]
