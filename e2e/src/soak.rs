@@ -350,15 +350,11 @@ impl Outcome {
             let verdict = l.verdict();
             let (judged, growth) = match &verdict {
                 Verdict::Judged { from, rss, heap } => {
-                    let since: Vec<f64> = l
+                    let (lo, hi) = l
                         .samples
                         .iter()
                         .filter(|s| s.at >= from.at)
-                        .map(|s| s.rss)
-                        .collect();
-                    let (lo, hi) = since
-                        .iter()
-                        .fold((f64::MAX, f64::MIN), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
+                        .fold((f64::MAX, f64::MIN), |(lo, hi), s| (lo.min(s.rss), hi.max(s.rss)));
                     let rss = format!("RSS {} (within {lo:.1}–{hi:.1} MiB)", pct(*rss));
                     (
                         format!(
