@@ -401,6 +401,37 @@ async fn invalid_objects_are_rejected_by_the_api_server_with_readable_messages()
 }
 
 #[tokio::test]
+async fn reserved_label_keys_are_refused_by_the_api_server_naming_the_key() {
+    use tether_api::labels::{examples, is_reserved};
+    let (_cluster, client) = cluster_with_crds("crd-reserved-labels").await;
+    namespace(&client, "reserved").await;
+    for (i, key) in examples::RESERVED
+        .iter()
+        .chain(examples::ALLOWED.iter())
+        .enumerate()
+    {
+        let labels = json!({ *key: "x" });
+        let bodies = [
+            request(&format!("r-{i}"), with(request_spec(), "/labels", labels.clone())),
+            member_set(&format!("m-{i}"), with(member_spec(), "/labels", labels)),
+        ];
+        for body in bodies {
+            let kind = body["kind"].as_str().unwrap_or_default().to_string();
+            let created = create_any(&client, Some("reserved"), body).await;
+            match created {
+                Err(e) => {
+                    assert!(is_reserved(key), "{kind} with label {key} refused: {e}");
+                    assert_eq!(status_code(&e), Some(422), "{e}");
+                    let text = message(&e);
+                    assert!(text.contains(&format!("label key {key} is reserved")), "{text}");
+                }
+                Ok(()) => assert!(!is_reserved(key), "{kind} with reserved label {key} was accepted"),
+            }
+        }
+    }
+}
+
+#[tokio::test]
 async fn immutable_fields_cannot_change() {
     let (_cluster, client) = cluster_with_crds("crds-immutable").await;
     namespace(&client, "tether-system").await;

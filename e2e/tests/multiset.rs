@@ -164,6 +164,129 @@ async fn members_of_sets_whose_names_used_to_collide_keep_their_own_namespace_an
     drop(beats);
 }
 
+/// The reproduced attack: a `dev` join token files a member under `prod` by asking for
+/// `prod`'s set labels. The API server refuses the request; with that rule removed from the
+/// CRD (as someone might edit it), the leader still files the member under `dev` alone.
+#[tokio::test]
+async fn a_join_token_of_one_set_cannot_file_its_member_under_another_by_labels() {
+    let l = Leader::start("label-injection", json!({})).await;
+    let prod = sim::home();
+    let dev = SetRef::new("tether-dev", "dev");
+    add_set(&l.admin, &dev).await;
+    let j = joiner_of(&l.cluster, &l.admin, &dev).await;
+    let body = |name: &str| {
+        json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterRegistrationRequest",
+               "metadata": {"name": name},
+               "spec": {"clusterID": format!("id-{name}"), "clusterName": name, "publicKey": j.public_key,
+                        "labels": {tether_api::labels::CLUSTER_SET: prod.name,
+                                   tether_api::labels::CLUSTER_SET_NAMESPACE: prod.namespace,
+                                   "region": "eu"}}})
+    };
+    let refused = eventually("the token to be known", Duration::from_secs(15), || async {
+        match create_raw::<ClusterRegistrationRequest>(&j.client, Some(&dev.namespace), body("sneaky")).await
+        {
+            Err(e) if status_code(&e) == Some(401) => Err(e.to_string()),
+            r => Ok(r),
+        }
+    })
+    .await;
+    let err = refused.expect_err("a request for prod's labels is refused at create");
+    assert_eq!(status_code(&err), Some(422), "{err}");
+    // NB: CEL walks the map in no set order: the message names either key.
+    let text = tether_e2e::message(&err);
+    assert!(
+        [
+            tether_api::labels::CLUSTER_SET,
+            tether_api::labels::CLUSTER_SET_NAMESPACE
+        ]
+        .iter()
+        .any(|k| text.contains(&format!("label key {k} is reserved"))),
+        "{text}"
+    );
+
+    // Someone removes the rule from the CRD: the leader's own check still holds.
+    let crds = Api::<
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    >::all(l.admin.clone());
+    let crd_name = "clusterregistrationrequests.multicluster.tether.dev";
+    let mut crd = crds.get(crd_name).await.expect("CRD");
+    let rules = crd.spec.versions[0]
+        .schema
+        .as_mut()
+        .and_then(|s| s.open_api_v3_schema.as_mut())
+        .and_then(|s| s.properties.as_mut())
+        .and_then(|p| p.get_mut("spec"))
+        .and_then(|s| s.properties.as_mut())
+        .and_then(|p| p.get_mut("labels"))
+        .and_then(|l| l.x_kubernetes_validations.as_mut())
+        .expect("the labels rules");
+    rules.retain(|r| !r.rule.contains("matches"));
+    crds.replace(crd_name, &Default::default(), &crd)
+        .await
+        .expect("edited CRD");
+    let req = eventually(
+        "the edited CRD to take effect",
+        Duration::from_secs(30),
+        || async {
+            match create_raw::<ClusterRegistrationRequest>(&j.client, Some(&dev.namespace), body("sneaky"))
+                .await
+            {
+                Ok(r) => Ok(r),
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await;
+    let api = Api::<ClusterRegistrationRequest>::namespaced(l.admin.clone(), &dev.namespace);
+    eventually("the request to be approved", Duration::from_secs(30), || async {
+        let r = api.get(&req.name_any()).await.map_err(|e| e.to_string())?;
+        match r.status.as_ref().map(|s| s.result) {
+            Some(RegistrationResult::Approved) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let mc = eventually("the member's ManagedCluster", Duration::from_secs(30), || async {
+        Api::<ManagedCluster>::all(l.admin.clone())
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .into_iter()
+            .find(|m| m.name_any() == "sneaky")
+            .ok_or_else(|| "not yet".to_string())
+    })
+    .await;
+    let got = mc.labels();
+    assert_eq!(
+        SetRef::from_labels(got).as_ref(),
+        Some(&dev),
+        "filed under dev alone: {got:?}"
+    );
+    assert_eq!(
+        got.get("region").map(String::as_str),
+        Some("eu"),
+        "its own labels are kept"
+    );
+    let in_prod = Api::<ManagedCluster>::all(l.admin.clone())
+        .list(&kube::api::ListParams::default().labels(&prod.selector()))
+        .await
+        .expect("list");
+    assert!(
+        in_prod.items.is_empty(),
+        "nothing filed under prod: {:?}",
+        in_prod.items
+    );
+    // prod's status counts no member (it never had one), long after dev's member joined.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let set = Api::<ClusterSet>::namespaced(l.admin.clone(), &prod.namespace)
+        .get(&prod.name)
+        .await
+        .expect("prod");
+    let counts = set.status.and_then(|s| s.members).unwrap_or_default();
+    assert_eq!(counts.total, 0, "prod counts no member: {counts:?}");
+}
+
 #[tokio::test]
 async fn an_existing_namespace_is_never_adopted() {
     let l = Leader::start("no-adopt", json!({})).await;

@@ -207,3 +207,25 @@ pub async fn delete_property(client: &Client, name: &str) -> Result<(), Error> {
         Err(e) => Err(api_err("delete ClusterProperty", name)(e)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_of_a_stored_credential_never_prints_its_token() {
+        let s = Stored {
+            credential: MemberCredential {
+                token: "eyJhbGciOi.secret-token".into(),
+                expiration_timestamp: "2026-12-04T00:00:00Z".into(),
+                namespace: "tether-prod-east".into(),
+                service_account: "tether-agent".into(),
+                ca_cert: "ca".into(),
+            },
+            ttl_seconds: 3600,
+        };
+        let text = format!("{s:?} {s:#?}");
+        assert!(!text.contains("secret-token"), "{text}");
+        assert!(text.contains("tether-prod-east"), "{text}");
+    }
+}

@@ -16,7 +16,7 @@ use kube::Client;
 use kube::client::Body as KubeBody;
 use rand::Rng;
 use tether_tunnel::headers::{self, MEMBER_AUTHORIZATION, REMOTE_GROUP, REMOTE_USER, strip_untrusted};
-use tether_tunnel::identity::{AllowList, Caller, impersonate};
+use tether_tunnel::identity::{AllowList, Caller, bearer, impersonate};
 use tether_tunnel::pipe::{self, Body};
 use tether_tunnel::{UPGRADE_PROTOCOL, attach_path, status};
 use tokio::sync::watch;
@@ -164,7 +164,21 @@ async fn forward(req: Request<Incoming>, m: Member) -> Result<Response<Body>, In
     strip_untrusted(&mut parts.headers, false);
     let client = match member_credential {
         Some(credential) => {
-            parts.headers.insert(AUTHORIZATION, credential);
+            // NB: an empty or non-Bearer Authorization is system:anonymous to the member.
+            let Some(token) = bearer(&credential) else {
+                return Ok(status(
+                    StatusCode::UNAUTHORIZED,
+                    "the member credential (Tether-Member-Authorization) must be `Bearer <token>`; \
+                     nothing was sent to the member",
+                ));
+            };
+            let Ok(value) = HeaderValue::from_str(&format!("Bearer {token}")) else {
+                return Ok(status(
+                    StatusCode::UNAUTHORIZED,
+                    "the member credential is not a valid header",
+                ));
+            };
+            parts.headers.insert(AUTHORIZATION, value);
             &m.access.bare
         }
         None => match impersonate(&m.set, &m.name, &caller, &m.access.allow) {

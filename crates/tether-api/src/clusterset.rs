@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::validation::{
     CA_CERT_HASH, DNS1123_LABEL, DNS1123_SUBDOMAIN, DURATION, IMMUTABLE_RULE, LABELS_RULE, MAX_CLUSTER_ID,
-    MAX_CLUSTER_NAME, MAX_LABELS,
+    MAX_CLUSTER_NAME, MAX_LABELS, NO_RESERVED_LABELS_MESSAGE, NO_RESERVED_LABELS_RULE,
 };
 
 /// Most entries in the leader's member summary; the full list is `kubectl get mcls -A -l ...`.
@@ -231,6 +231,7 @@ pub struct MemberSpec {
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = MAX_LABELS))]
     #[x_kube(validation = Rule::new(LABELS_RULE).message("label keys must be at most 317 and values at most 63 characters"))]
+    #[x_kube(validation = Rule::new(NO_RESERVED_LABELS_RULE).message(kube::core::cel::Message::Expression(NO_RESERVED_LABELS_MESSAGE.into())))]
     pub labels: std::collections::BTreeMap<String, String>,
 }
 

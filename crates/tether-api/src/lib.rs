@@ -57,6 +57,56 @@ pub mod labels {
     pub const CLUSTER_ID: &str = "multicluster.tether.dev/cluster-id";
     /// Which Tether component manages an object.
     pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+
+    /// Label prefixes (domains) that are reserved with every subdomain: Tether's own, and the
+    /// SIG-Multicluster inventory's (`x-k8s.io/cluster-manager`, `multicluster.x-k8s.io/…`).
+    pub const RESERVED_DOMAINS: [&str; 2] = ["tether.dev", "x-k8s.io"];
+    /// Label prefixes reserved exactly (Kubernetes' own).
+    pub const RESERVED_PREFIXES: [&str; 2] = ["kubernetes.io", "k8s.io"];
+
+    /// Whether a member may not ask for label `key`: the labels that say who a member is (set,
+    /// set namespace, name, ID, manager) are the leader's alone, and so is everything under a
+    /// reserved prefix. The CRD's rule (`validation::RESERVED_LABEL_KEY`) says the same to the
+    /// API server; this check keeps objects made before that rule, or under an edited CRD, out.
+    pub fn is_reserved(key: &str) -> bool {
+        if key == MANAGED_BY {
+            return true;
+        }
+        let Some((prefix, _)) = key.split_once('/') else {
+            return false;
+        };
+        RESERVED_PREFIXES.contains(&prefix)
+            || RESERVED_DOMAINS
+                .iter()
+                .any(|d| prefix == *d || prefix.strip_suffix(d).is_some_and(|sub| sub.ends_with('.')))
+    }
+
+    /// Keys that the unit test and the CRD test (on a real API server) hold both checks to.
+    pub mod examples {
+        /// Keys a member may not ask for.
+        pub const RESERVED: [&str; 10] = [
+            "multicluster.tether.dev/clusterset",
+            "multicluster.tether.dev/clusterset-namespace",
+            "multicluster.tether.dev/cluster-id",
+            "tether.dev/x",
+            "a.b.tether.dev/x",
+            "app.kubernetes.io/managed-by",
+            "kubernetes.io/hostname",
+            "k8s.io/x",
+            "x-k8s.io/cluster-manager",
+            "multicluster.x-k8s.io/clusterset",
+        ];
+        /// Keys a member may ask for.
+        pub const ALLOWED: [&str; 7] = [
+            "region",
+            "example.com/team",
+            "app.kubernetes.io/name",
+            "nottether.dev/x",
+            "topology.kubernetes.io/zone",
+            "tether.devx/y",
+            "k8s.iox/z",
+        ];
+    }
 }
 
 /// Well-known `about.k8s.io` ClusterProperty names (KEP-2149).
@@ -81,3 +131,18 @@ pub const LEADER_FINALIZER: &str = "multicluster.tether.dev/leader-cleanup";
 
 /// The finalizer the agent puts on Member ClusterSets, so that deleting one is a clean leave.
 pub const AGENT_FINALIZER: &str = "multicluster.tether.dev/agent-leave";
+
+#[cfg(test)]
+mod tests {
+    use super::labels::{examples, is_reserved};
+
+    #[test]
+    fn reserved_label_keys_are_the_leaders_alone() {
+        for k in examples::RESERVED {
+            assert!(is_reserved(k), "{k}");
+        }
+        for k in examples::ALLOWED {
+            assert!(!is_reserved(k), "{k}");
+        }
+    }
+}

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::validation::{
     AGE_RECIPIENT, DNS1123_LABEL, DNS1123_SUBDOMAIN, IMMUTABLE_RULE, LABELS_RULE, MAX_CLUSTER_ID,
-    MAX_CLUSTER_NAME, MAX_LABELS,
+    MAX_CLUSTER_NAME, MAX_LABELS, NO_RESERVED_LABELS_MESSAGE, NO_RESERVED_LABELS_RULE,
 };
 
 /// Largest sealed credential accepted in a status (an armored `age` message).
@@ -60,6 +60,7 @@ pub struct ClusterRegistrationRequestSpec {
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = MAX_LABELS))]
     #[x_kube(validation = Rule::new(LABELS_RULE).message("label keys must be at most 317 and values at most 63 characters"))]
+    #[x_kube(validation = Rule::new(NO_RESERVED_LABELS_RULE).message(kube::core::cel::Message::Expression(NO_RESERVED_LABELS_MESSAGE.into())))]
     pub labels: std::collections::BTreeMap<String, String>,
 }
 

@@ -19,5 +19,22 @@ pub const MAX_CLUSTER_ID: u32 = 128;
 pub const MAX_LABELS: u32 = 32;
 /// CEL rule bounding label keys and values like Kubernetes does (prefix/name ≤ 253/63, value ≤ 63).
 pub const LABELS_RULE: &str = "self.all(k, k.size() <= 317 && self[k].size() <= 63)";
+/// The reserved label keys as an RE2 pattern inside a CEL string literal (hence the doubled
+/// backslashes): the same keys as `labels::is_reserved`, which a CRD test holds to one table on
+/// a real API server.
+macro_rules! reserved_label_key {
+    () => {
+        r"^(([^/]*\\.)?(tether\\.dev|x-k8s\\.io)/|(kubernetes|k8s)\\.io/|app\\.kubernetes\\.io/managed-by$)"
+    };
+}
+/// CEL rule refusing reserved label keys in a map of labels.
+pub const NO_RESERVED_LABELS_RULE: &str = concat!("self.all(k, !k.matches('", reserved_label_key!(), "'))");
+/// The message of `NO_RESERVED_LABELS_RULE`: it names the first reserved key.
+pub const NO_RESERVED_LABELS_MESSAGE: &str = concat!(
+    "'label key ' + self.filter(k, k.matches('",
+    reserved_label_key!(),
+    "'))[0] + ' is reserved: the set, name, ID and manager labels are the leader\\'s alone, and so are \
+     keys under tether.dev, x-k8s.io, kubernetes.io/ and k8s.io/; ask for another key'"
+);
 /// CEL rule making a field immutable once set.
 pub const IMMUTABLE_RULE: &str = "self == oldSelf";

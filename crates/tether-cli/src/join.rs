@@ -27,8 +27,8 @@ pub const TOKEN_SECRET: &str = "tether-join-token";
 /// Its key holding the token.
 const TOKEN_KEY: &str = "token";
 
-/// `tether join`.
-#[derive(clap::Args, Debug)]
+/// `tether join`. Its `Debug` never prints the join token.
+#[derive(clap::Args)]
 #[command(
     after_help = "Examples:\n  tether join --leader https://leader:6443 --token abcdef.0123456789abcdef \\\n    \
                         --ca-cert-hash sha256:1234… --name east\n  tether join --config join.yaml --name west"
@@ -58,6 +58,24 @@ pub struct JoinArgs {
     /// Check the leader and the token, print what would be created, create nothing.
     #[arg(long)]
     pub dry_run: bool,
+}
+
+impl std::fmt::Debug for JoinArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JoinArgs")
+            .field("leader", &self.leader)
+            .field(
+                "token",
+                &self.token.as_ref().map(|_| tether_tunnel::cert::REDACTED),
+            )
+            .field("ca_cert_hash", &self.ca_cert_hash)
+            .field("name", &self.name)
+            .field("config", &self.config)
+            .field("leader_namespace", &self.leader_namespace)
+            .field("timeout", &self.timeout)
+            .field("dry_run", &self.dry_run)
+            .finish()
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -405,6 +423,14 @@ mod tests {
     use super::*;
     use clap::Parser;
     use proptest::prelude::*;
+
+    #[test]
+    fn debug_of_the_join_arguments_never_prints_the_token() {
+        let args = join_args(&["--token".into(), "abcdef.0123456789abcdef".into()]).unwrap();
+        let text = format!("{args:?}");
+        assert!(!text.contains("0123456789abcdef"), "{text}");
+        assert!(text.contains(tether_tunnel::cert::REDACTED), "{text}");
+    }
 
     fn join_args(extra: &[String]) -> Result<JoinArgs, clap::Error> {
         #[derive(Parser)]

@@ -59,6 +59,14 @@ pub enum DiscoveryError {
         /// The cause.
         reason: String,
     },
+    /// Neither a CA pin nor a CA bundle, and skipping the CA check was not asked for.
+    #[error(
+        "no way to verify the leader: give its CA pin (caCertHash, `--ca-cert-hash sha256:…` as \
+         printed by `tether init`) or its CA bundle (caBundle); only \
+         insecureSkipCAVerification: true skips the check, and then the join token can reach \
+         anyone who answers at the leader URL"
+    )]
+    NoTrust,
     /// The discovery data is not a kubeconfig with a CA.
     #[error("the leader's {DISCOVERY_CONFIGMAP} has no usable CA: {0}")]
     NoCa(String),
@@ -289,7 +297,9 @@ pub async fn fetch_leader_ca(url: &str, pin: &CaPin) -> Result<String, Discovery
 }
 
 /// Resolves how to trust the leader from a member spec: the CA bundle (checked against the pin
-/// when both are given), else the discovery CA proven by the pin, else (explicitly) nothing.
+/// when both are given), else the discovery CA proven by the pin, else nothing, but only when
+/// `insecureSkipCAVerification` says so (the CRD's rule says the same; a spec that slipped past
+/// it must not go insecure silently).
 pub async fn trust_for(spec: &tether_api::clusterset::MemberSpec) -> Result<Trust, DiscoveryError> {
     let pin = spec
         .ca_cert_hash
@@ -306,7 +316,11 @@ pub async fn trust_for(spec: &tether_api::clusterset::MemberSpec) -> Result<Trus
     if let Some(pin) = &pin {
         return Ok(Trust::Ca(fetch_leader_ca(&spec.leader_url, pin).await?));
     }
-    Ok(Trust::Insecure)
+    if spec.insecure_skip_ca_verification {
+        Ok(Trust::Insecure)
+    } else {
+        Err(DiscoveryError::NoTrust)
+    }
 }
 
 #[cfg(test)]
@@ -415,5 +429,27 @@ mod tests {
         }
         assert!(leader_uri("https://leader.example.com/k8s/clusters/c-1").is_ok());
         assert!(leader_config("https://127.0.0.1:6443", &Trust::Insecure, None).is_ok());
+    }
+
+    fn member_spec(insecure: bool) -> tether_api::clusterset::MemberSpec {
+        serde_json::from_value(serde_json::json!({
+            "leaderURL": "https://127.0.0.1:1",
+            "clusterName": "east",
+            "joinTokenSecretRef": {"name": "join"},
+            "insecureSkipCAVerification": insecure,
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn neither_pin_nor_bundle_is_refused_unless_the_check_is_skipped_explicitly() {
+        let err = trust_for(&member_spec(false)).await.err();
+        assert!(matches!(err, Some(DiscoveryError::NoTrust)), "{err:?}");
+        let text = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            text.contains("caCertHash") && text.contains("insecureSkipCAVerification"),
+            "{text}"
+        );
+        assert!(matches!(trust_for(&member_spec(true)).await, Ok(Trust::Insecure)));
     }
 }

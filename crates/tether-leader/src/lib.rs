@@ -135,10 +135,12 @@ impl Context {
 
     /// The set a member belongs to, from its labels. NB: members approved before sets were
     /// keyed by namespace carry only the set name; such a member belongs to the one Leader set
-    /// of that name, and to none while the name is ambiguous.
+    /// of that name, and to none while the name is ambiguous. A member whose set label disagrees
+    /// with its spec (labels planted through a registration request before the leader refused
+    /// reserved keys) belongs to no set.
     pub fn set_of(&self, mc: &ManagedCluster) -> Option<SetRef> {
         if let Some(set) = SetRef::from_labels(mc.labels()) {
-            return Some(set);
+            return (set.name == mc.spec.cluster_set).then_some(set);
         }
         let mut named = self
             .sets

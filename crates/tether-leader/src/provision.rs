@@ -139,6 +139,17 @@ pub fn outdated_agent_role(existing: &Role) -> Option<Role> {
     Some(agent_role(&existing.namespace()?, name, kept))
 }
 
+/// The labels a request asks for that a member may carry: never a reserved key (the CRD refuses
+/// them, but a request made before that rule or under an edited CRD must not plant them either),
+/// and the leader's own labels are applied after these, so they win.
+fn requested_labels(req: &ClusterRegistrationRequest) -> impl Iterator<Item = (String, String)> + '_ {
+    req.spec
+        .labels
+        .iter()
+        .filter(|(k, _)| !labels::is_reserved(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+}
+
 /// Builds the member's objects for an approved request.
 pub fn member_objects(
     req: &ClusterRegistrationRequest,
@@ -182,7 +193,7 @@ pub fn member_objects(
             annotations::PUBLIC_KEY.to_string(),
             req.spec.public_key.clone(),
         )])),
-        labels: Some(lbl.clone().into_iter().chain(req.spec.labels.clone()).collect()),
+        labels: Some(requested_labels(req).chain(lbl.clone()).collect()),
         ..meta(name)
     };
     let mut announce = MemberClusterAnnounce::new(
@@ -227,6 +238,40 @@ pub fn is_members_namespace(ns: &Namespace, set: &SetRef, name: &str) -> bool {
 mod tests {
     use super::*;
     use tether_api::ClusterRegistrationRequestSpec;
+
+    #[test]
+    fn a_request_cannot_plant_another_sets_labels_or_any_reserved_key() {
+        let asked = BTreeMap::from(
+            [
+                (labels::CLUSTER_SET, "prod"),
+                (labels::CLUSTER_SET_NAMESPACE, "tether-system"),
+                (labels::CLUSTER_NAME, "someone-else"),
+                (labels::CLUSTER_ID, "other-id"),
+                (labels::MANAGED_BY, "me"),
+                ("tether.dev/owner", "x"),
+                ("kubernetes.io/hostname", "x"),
+                ("k8s.io/x", "x"),
+                ("multicluster.x-k8s.io/clusterset", "prod"),
+                ("region", "eu"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+        );
+        let req = ClusterRegistrationRequest::new(
+            "east-1",
+            ClusterRegistrationRequestSpec {
+                cluster_id: "id-1".into(),
+                cluster_name: "east".into(),
+                public_key: "age1...".into(),
+                agent_version: None,
+                labels: asked,
+            },
+        );
+        let set = SetRef::new("tether-dev", "dev");
+        let objs = member_objects(&req, &set, "tether-dev-east", 10);
+        let mut expected = member_labels(&set, "east", "id-1");
+        expected.insert("region".into(), "eu".into());
+        assert_eq!(objs.managed_cluster.labels(), &expected);
+    }
 
     #[test]
     fn agent_role_grants_only_its_own_objects() {

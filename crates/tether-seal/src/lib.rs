@@ -6,8 +6,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-/// What the leader gives an approved member.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// What the leader gives an approved member. Its `Debug` never prints the token.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MemberCredential {
     /// ServiceAccount token for the member's identity on the leader.
@@ -21,6 +21,21 @@ pub struct MemberCredential {
     /// PEM CA bundle of the leader's API server.
     pub ca_cert: String,
 }
+
+impl std::fmt::Debug for MemberCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemberCredential")
+            .field("token", &REDACTED)
+            .field("expiration_timestamp", &self.expiration_timestamp)
+            .field("namespace", &self.namespace)
+            .field("service_account", &self.service_account)
+            .field("ca_cert", &self.ca_cert)
+            .finish()
+    }
+}
+
+/// What a `Debug` of a type holding a secret prints in its place.
+pub const REDACTED: &str = "<redacted>";
 
 /// Why sealing or unsealing failed.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +89,23 @@ pub fn generate_keypair() -> (String, String) {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn debug_of_a_credential_never_prints_its_token() {
+        let c = MemberCredential {
+            token: "eyJhbGciOi.secret-token".into(),
+            expiration_timestamp: "2026-12-04T00:00:00Z".into(),
+            namespace: "tether-prod-east".into(),
+            service_account: "tether-agent".into(),
+            ca_cert: "ca".into(),
+        };
+        let text = format!("{c:?} {c:#?}");
+        assert!(!text.contains("secret-token"), "{text}");
+        assert!(
+            text.contains(REDACTED) && text.contains("tether-prod-east"),
+            "{text}"
+        );
+    }
 
     proptest! {
         #[test]

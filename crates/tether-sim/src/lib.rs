@@ -58,8 +58,8 @@ pub enum Error {
     },
 }
 
-/// Where the simulated members join.
-#[derive(Clone, Debug)]
+/// Where the simulated members join. Its `Debug` never prints the join token.
+#[derive(Clone)]
 pub struct Join {
     /// The leader API server URL.
     pub leader_url: String,
@@ -71,6 +71,18 @@ pub struct Join {
     pub namespace: String,
     /// How long one registration may wait for the leader's decision.
     pub registration_timeout: Duration,
+}
+
+impl std::fmt::Debug for Join {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Join")
+            .field("leader_url", &self.leader_url)
+            .field("ca_cert_hash", &self.ca_cert_hash)
+            .field("token", &tether_seal::REDACTED)
+            .field("namespace", &self.namespace)
+            .field("registration_timeout", &self.registration_timeout)
+            .finish()
+    }
 }
 
 type Http =
@@ -462,4 +474,25 @@ pub fn quantile(sorted: &[Duration], p: f64) -> Duration {
     }
     let rank = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len());
     sorted[rank - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_of_a_join_never_prints_the_token() {
+        let j = Join {
+            leader_url: "https://leader:6443".into(),
+            ca_cert_hash: "sha256:00".into(),
+            token: "abcdef.0123456789abcdef".into(),
+            namespace: "tether-system".into(),
+            registration_timeout: Duration::from_secs(1),
+        };
+        let text = format!("{j:?}");
+        assert!(
+            !text.contains("0123456789abcdef") && text.contains("leader:6443"),
+            "{text}"
+        );
+    }
 }

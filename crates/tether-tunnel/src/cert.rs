@@ -2,8 +2,9 @@
 //! endpoints whose clients are handed the CA directly (the leader's proxy API through the
 //! APIService's caBundle, the CLI's local pass-through endpoint through its kubeconfig).
 
-/// A serving certificate, its key and the CA that signed it (PEM).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A serving certificate, its key and the CA that signed it (PEM). Its `Debug` never prints
+/// the key.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Serving {
     /// The leaf certificate.
     pub cert: String,
@@ -14,13 +15,35 @@ pub struct Serving {
 }
 
 /// A CA kept to sign the next serving certificate: a leaf renewed from the same CA needs no
-/// change on the clients that trust the CA.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// change on the clients that trust the CA. Its `Debug` never prints the key.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Authority {
     /// The CA certificate (PEM).
     pub cert: String,
     /// Its private key (PEM).
     pub key: String,
+}
+
+/// What a `Debug` of a private key prints in its place.
+pub const REDACTED: &str = "<redacted>";
+
+impl std::fmt::Debug for Serving {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Serving")
+            .field("cert", &self.cert)
+            .field("key", &REDACTED)
+            .field("ca", &self.ca)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Authority {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authority")
+            .field("cert", &self.cert)
+            .field("key", &REDACTED)
+            .finish()
+    }
 }
 
 impl Authority {
@@ -67,4 +90,24 @@ impl Authority {
 /// an IP address), both valid for `valid`; the CA's key is dropped.
 pub fn generate(ca_name: &str, name: &str, valid: time::Duration) -> Result<Serving, rcgen::Error> {
     Authority::generate(ca_name, valid)?.issue(name, valid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_of_a_certificate_or_its_ca_never_prints_a_private_key() {
+        let ca = Authority::generate("test-ca", time::Duration::days(1)).unwrap();
+        let leaf = ca.issue("example.svc", time::Duration::days(1)).unwrap();
+        for text in [
+            format!("{ca:?}"),
+            format!("{ca:#?}"),
+            format!("{leaf:?}"),
+            format!("{leaf:#?}"),
+        ] {
+            assert!(!text.contains("PRIVATE KEY"), "{text}");
+            assert!(text.contains(REDACTED) && text.contains("CERTIFICATE"), "{text}");
+        }
+    }
 }

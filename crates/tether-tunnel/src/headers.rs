@@ -24,6 +24,16 @@ pub const UPGRADE_RESPONSE_HEADERS: [HeaderName; 3] = [
     HeaderName::from_static("x-stream-protocol-version"),
 ];
 
+/// Headers that set the source address or the audit ID the member's API server records: the
+/// caller must not choose what the member's audit log says (its API server sets them itself).
+const AUDIT_FIELDS: [HeaderName; 5] = [
+    HeaderName::from_static("x-forwarded-for"),
+    HeaderName::from_static("x-real-ip"),
+    HeaderName::from_static("forwarded"),
+    HeaderName::from_static("audit-id"),
+    HeaderName::from_static("x-forwarded-host"),
+];
+
 /// Hop-by-hop headers (RFC 9110 7.6.1) and those HTTP/2 forbids.
 const HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
@@ -37,7 +47,8 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 ];
 
 /// Removes everything that names or proves an identity (`Authorization`, `Impersonate-*`,
-/// front-proxy `X-Remote-*`, Tether's own identity headers), the hop-by-hop headers and `Host`.
+/// front-proxy `X-Remote-*`, Tether's own identity headers), what sets the member's audit fields
+/// (`X-Forwarded-For`, `X-Real-Ip`, `Forwarded`, `Audit-ID`), the hop-by-hop headers and `Host`.
 /// `keep_member_credential` keeps the caller's pass-through credential (the leader forwards it;
 /// the agent consumes it before calling this).
 pub fn strip_untrusted(headers: &mut HeaderMap, keep_member_credential: bool) {
@@ -51,7 +62,7 @@ pub fn strip_untrusted(headers: &mut HeaderMap, keep_member_credential: bool) {
         })
         .cloned()
         .collect();
-    for name in doomed.iter().chain(HOP_BY_HOP.iter()) {
+    for name in doomed.iter().chain(HOP_BY_HOP.iter()).chain(AUDIT_FIELDS.iter()) {
         headers.remove(name);
     }
     headers.remove(header::AUTHORIZATION);
@@ -105,6 +116,11 @@ mod tests {
             ("upgrade", "websocket"),
             ("transfer-encoding", "chunked"),
             ("host", "leader"),
+            ("x-forwarded-for", "10.9.9.9"),
+            ("x-real-ip", "10.9.9.9"),
+            ("forwarded", "for=10.9.9.9"),
+            ("audit-id", "chosen-by-the-caller"),
+            ("x-forwarded-host", "elsewhere"),
             ("accept", "application/json"),
             ("content-type", "application/json"),
             ("user-agent", "kubectl"),

@@ -68,6 +68,22 @@ pub enum Refusal {
     },
 }
 
+/// The pass-through credential in `value` when it is a well-formed `Bearer <token>` (RFC 6750's
+/// token68 characters, at most 16 KiB): anything else would reach the member as a request it
+/// treats as `system:anonymous`, so the agent refuses it instead.
+pub fn bearer(value: &http::HeaderValue) -> Option<&str> {
+    const MAX: usize = 16 * 1024;
+    let text = value.to_str().ok()?;
+    let (scheme, token) = text.split_once(' ')?;
+    let token68 = |c: char| c.is_ascii_alphanumeric() || "-._~+/".contains(c);
+    let body = token.trim_end_matches('=');
+    (scheme.eq_ignore_ascii_case("bearer")
+        && !body.is_empty()
+        && token.len() <= MAX
+        && body.chars().all(token68))
+    .then_some(token)
+}
+
 /// The prefixed name of leader user or group `name` of set `set` on a member.
 pub fn prefixed(set: &str, name: &str) -> String {
     format!("{IMPERSONATION_PREFIX}:{set}:{name}")
@@ -106,6 +122,28 @@ pub fn impersonate(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_well_formed_bearer_token_passes_through() {
+        let v = |s: &str| http::HeaderValue::from_str(s).unwrap();
+        assert_eq!(bearer(&v("Bearer abc.DEF-123_~+/==")), Some("abc.DEF-123_~+/=="));
+        assert_eq!(bearer(&v("bearer eyJ0")), Some("eyJ0"));
+        for bad in [
+            "",
+            "Bearer",
+            "Bearer ",
+            "Bearer  x",
+            "Bearer ==",
+            "Basic YWxpY2U6cGFzcw==",
+            "Token abc",
+            "abc",
+            "Bearer a b",
+            "Bearer a,b",
+        ] {
+            assert_eq!(bearer(&v(bad)), None, "{bad:?}");
+        }
+        assert_eq!(bearer(&v(&format!("Bearer {}", "a".repeat(16 * 1024 + 1)))), None);
+    }
 
     fn allow(users: &[&str], groups: &[&str]) -> AllowList {
         AllowList {

@@ -29,12 +29,25 @@ pub use tether_tunnel::cert::Serving;
 
 /// What the shared Secret holds: the serving certificate and, when this version made it, the
 /// CA's key to renew it with (a Secret of an earlier version has none: it is replaced whole).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Its `Debug` never prints a private key.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Stored {
     /// The certificate served, its key and CA.
     pub serving: Serving,
     /// The CA's private key.
     pub ca_key: Option<String>,
+}
+
+impl std::fmt::Debug for Stored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stored")
+            .field("serving", &self.serving)
+            .field(
+                "ca_key",
+                &self.ca_key.as_ref().map(|_| tether_tunnel::cert::REDACTED),
+            )
+            .finish()
+    }
 }
 
 impl Stored {
@@ -216,6 +229,14 @@ mod tests {
                 UnixTime::now(),
             )
             .is_ok()
+    }
+
+    #[test]
+    fn debug_of_the_stored_serving_certificate_never_prints_a_private_key() {
+        let s = next(None, "x.svc", DEFAULT_VALIDITY).unwrap();
+        let text = format!("{s:?} {s:#?}");
+        assert!(!text.contains("PRIVATE KEY"), "{text}");
+        assert!(text.contains("CERTIFICATE"), "{text}");
     }
 
     #[test]
