@@ -24,6 +24,8 @@ pub struct Metrics {
     renewals: Family<ResultLabel, Counter>,
     reachable: Gauge,
     leader: Gauge,
+    proxied: Family<ResultLabel, Counter>,
+    attaches: Family<ResultLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -37,6 +39,8 @@ impl Default for Metrics {
             renewals: Family::default(),
             reachable: Gauge::default(),
             leader: Gauge::default(),
+            proxied: Family::default(),
+            attaches: Family::default(),
         };
         registry.register(
             "heartbeats",
@@ -68,6 +72,18 @@ impl Default for Metrics {
             "1 while this replica holds the lease",
             m.leader.clone(),
         );
+        registry.register(
+            "proxied_requests",
+            "Requests served through the tunnel, by result (ok, upgraded, forbidden, unauthorized, \
+             streams_full, body_too_large, body_slow, body_budget_exhausted, body_broken, member_error)",
+            m.proxied.clone(),
+        );
+        registry.register(
+            "tunnel_attaches",
+            "Tunnel attaches and key proofs, by result (attached, proven, refused, unreachable, \
+             bad_challenge)",
+            m.attaches.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             ..m
@@ -97,6 +113,16 @@ impl Metrics {
     pub fn renewal(&self, ok: bool) {
         let result = if ok { "ok" } else { "failed" };
         self.renewals.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    /// Counts a request served through the tunnel.
+    pub fn proxied(&self, result: &'static str) {
+        self.proxied.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    /// Counts a tunnel attach or key proof.
+    pub fn attach(&self, result: &'static str) {
+        self.attaches.get_or_create(&ResultLabel { result }).inc();
     }
 
     /// Records whether this replica leads.

@@ -186,14 +186,13 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
     let tunnel = async {
         match ctx.access.clone() {
             Some(access) => {
-                crate::tunnel::run(
-                    client_rx.clone(),
-                    access,
-                    sh.set.name_any(),
-                    namespace.clone(),
-                    name.clone(),
-                )
-                .await
+                let at = crate::tunnel::Attach {
+                    set: sh.set.name_any(),
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    key: identity.clone(),
+                };
+                crate::tunnel::run(client_rx.clone(), access, at).await
             }
             None => std::future::pending().await,
         }

@@ -176,6 +176,10 @@ api_words! {
         MemberRemoved,
         /// A ClusterSet's deletion waits for its members.
         DeletionBlocked,
+        /// A member's live tunnel was replaced by a new one proven with its key.
+        TunnelReplaced,
+        /// A member's tunnel was closed because what it was proven with no longer holds.
+        TunnelRevoked,
         /// A ClusterSet and everything of it were removed.
         Destroyed,
         /// Member side: registered with the leader.

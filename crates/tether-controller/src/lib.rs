@@ -99,6 +99,10 @@ pub struct LeaderArgs {
     /// renews it from the same CA at two thirds of that, with no restart and no caBundle change.
     #[arg(long, env = "TETHER_PROXY_CERT_VALIDITY", default_value = "2160h", value_parser = cert_validity)]
     pub proxy_cert_validity: std::time::Duration,
+    /// Most connections the member proxy port holds open at once (each member tunnel is one);
+    /// past it new connections are closed at once and counted.
+    #[arg(long, env = "TETHER_PROXY_MAX_CONNECTIONS", default_value_t = 20_000)]
+    pub proxy_max_connections: usize,
     /// How long a registration request the policy denied is kept, counted from its creation,
     /// before the leader deletes it (retrying agents must not pile requests up); an admin's
     /// denial is kept until someone deletes it.
@@ -190,6 +194,7 @@ async fn run_leader(args: LeaderArgs) -> anyhow::Result<()> {
             service: args.proxy_service.clone(),
             secret: args.proxy_secret.clone(),
             cert_validity: args.proxy_cert_validity,
+            max_connections: args.proxy_max_connections,
         }),
     };
     let metrics = tether_leader::Metrics::default();
@@ -231,11 +236,12 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     let mut bare = forward.clone();
     bare.auth_info = kube::config::AuthInfo::default();
     let client = kube::Client::try_from(config).context("cannot build a Kubernetes client")?;
+    let metrics = tether_agent::Metrics::default();
     let access = if args.tunnel {
-        Some(tether_agent::tunnel::MemberAccess {
-            agent: kube::Client::try_from(forward).context("cannot build a Kubernetes client")?,
-            bare: kube::Client::try_from(bare).context("cannot build a Kubernetes client")?,
-            allow: tether_tunnel::identity::AllowList {
+        Some(tether_agent::tunnel::MemberAccess::new(
+            kube::Client::try_from(forward).context("cannot build a Kubernetes client")?,
+            kube::Client::try_from(bare).context("cannot build a Kubernetes client")?,
+            tether_tunnel::identity::AllowList {
                 users: args
                     .impersonate_users
                     .iter()
@@ -249,11 +255,11 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
                     .cloned()
                     .collect(),
             },
-        })
+            metrics.clone(),
+        ))
     } else {
         None
     };
-    let metrics = tether_agent::Metrics::default();
     let (m1, m2) = (metrics.clone(), metrics.clone());
     let p = Plumbing::start(
         client.clone(),

@@ -53,6 +53,10 @@ pub struct Metrics {
     proxied: Family<ResultLabel, Counter>,
     cert_expiry: Gauge,
     cert_renewals: Family<ResultLabel, Counter>,
+    tunnel_replacements: Counter,
+    tunnel_revocations: Family<ReasonLabel, Counter>,
+    connections: Gauge,
+    connections_refused: Counter,
 }
 
 impl Default for Metrics {
@@ -71,6 +75,10 @@ impl Default for Metrics {
         let proxied = Family::<ResultLabel, Counter>::default();
         let cert_expiry = Gauge::default();
         let cert_renewals = Family::<ResultLabel, Counter>::default();
+        let tunnel_replacements = Counter::default();
+        let tunnel_revocations = Family::<ReasonLabel, Counter>::default();
+        let connections = Gauge::default();
+        let connections_refused = Counter::default();
         // NB: both series exist from the start, so that an alert on `failed` sees its first rise.
         for result in ["renewed", "failed"] {
             let _ = cert_renewals.get_or_create(&ResultLabel { result });
@@ -94,6 +102,27 @@ impl Default for Metrics {
             "proxy_requests",
             "Requests to the member proxy API, by result",
             proxied.clone(),
+        );
+        registry.register(
+            "tunnel_replacements",
+            "Live member tunnels replaced by a new attach proven with the member's key",
+            tunnel_replacements.clone(),
+        );
+        registry.register(
+            "tunnel_revocations",
+            "Member tunnels closed because what they were proven with no longer holds, by reason \
+             (member_removed, key_changed, identity_deleted, credential_expired)",
+            tunnel_revocations.clone(),
+        );
+        registry.register(
+            "proxy_connections",
+            "Open connections to the member proxy port",
+            connections.clone(),
+        );
+        registry.register(
+            "proxy_connections_refused",
+            "Connections to the member proxy port closed at once because the cap was reached",
+            connections_refused.clone(),
         );
         registry.register(
             "registrations",
@@ -135,6 +164,10 @@ impl Default for Metrics {
             proxied,
             cert_expiry,
             cert_renewals,
+            tunnel_replacements,
+            tunnel_revocations,
+            connections,
+            connections_refused,
         }
     }
 }
@@ -222,6 +255,28 @@ impl Metrics {
     /// Counts a renewal of the proxy serving certificate by result (`renewed`, `failed`).
     pub fn proxy_cert_renewal(&self, result: &'static str) {
         self.cert_renewals.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    /// Counts a live tunnel replaced by a new proven attach.
+    pub fn tunnel_replaced(&self) {
+        self.tunnel_replacements.inc();
+    }
+
+    /// Counts a tunnel closed because it was revoked.
+    pub fn tunnel_revoked(&self, reason: &'static str) {
+        self.tunnel_revocations
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    /// A connection to the proxy port opened (+1) or closed (-1).
+    pub fn proxy_connection(&self, delta: i64) {
+        self.connections.inc_by(delta);
+    }
+
+    /// Counts a connection closed at once at the cap.
+    pub fn proxy_connection_refused(&self) {
+        self.connections_refused.inc();
     }
 
     /// The metrics in Prometheus text format.

@@ -52,6 +52,9 @@ pub enum SealError {
     /// Decryption failed: wrong key or a tampered message.
     #[error("unsealing failed (wrong key or tampered credential): {0}")]
     Decrypt(#[from] age::DecryptError),
+    /// The plaintext is not UTF-8 text.
+    #[error("the sealed message is not text")]
+    NotText,
     /// The plaintext is not a credential.
     #[error("sealed credential is malformed: {0}")]
     Payload(#[from] serde_json::Error),
@@ -75,6 +78,21 @@ pub fn unseal(sealed: &str, identity: &str) -> Result<MemberCredential, SealErro
         age::x25519::Identity::from_str(identity).map_err(|e| SealError::InvalidIdentity(e.to_string()))?;
     let plaintext = age::decrypt(&identity, sealed.as_bytes())?;
     Ok(serde_json::from_slice(&plaintext)?)
+}
+
+/// Seals any short text to `recipient`, as ASCII-armored `age` (the tunnel's attach challenge).
+pub fn seal_text(text: &str, recipient: &str) -> Result<String, SealError> {
+    let recipient = parse_recipient(recipient)?;
+    Ok(age::encrypt_and_armor(&recipient, text.as_bytes())?)
+}
+
+/// Opens a text sealed with `seal_text`. NB: callers must check what the text says before they
+/// use it, so that the key never serves as a decryption oracle for anything else.
+pub fn unseal_text(sealed: &str, identity: &str) -> Result<String, SealError> {
+    let identity =
+        age::x25519::Identity::from_str(identity).map_err(|e| SealError::InvalidIdentity(e.to_string()))?;
+    let plaintext = age::decrypt(&identity, sealed.as_bytes())?;
+    String::from_utf8(plaintext).map_err(|_| SealError::NotText)
 }
 
 /// A new key pair: (private identity, public recipient), both as `age` strings.

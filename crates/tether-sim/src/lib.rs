@@ -167,6 +167,7 @@ impl Fleet {
             url: join.leader_url.clone(),
             trust,
             http,
+            metrics: tether_agent::Metrics::default(),
         });
         let bootstrap = reach.client(&join.token)?;
         Ok(Self {
@@ -210,6 +211,7 @@ impl Fleet {
             stats: self.stats.clone(),
             stored,
             reach: self.reach.clone(),
+            key: identity,
         };
         // As the agent does: a fresh credential's 403 may be RBAC still reaching the authorizer.
         let mut forbidden = Settle::forbidden();
@@ -237,6 +239,8 @@ struct Reach {
     url: String,
     trust: Trust,
     http: Http,
+    /// What every simulated tunnel counts into.
+    metrics: tether_agent::Metrics,
 }
 
 impl Reach {
@@ -283,6 +287,8 @@ pub struct Member {
     /// The credential as registration or the last renewal left it.
     stored: Stored,
     reach: Arc<Reach>,
+    /// Its private key (proves the member at each tunnel attach).
+    key: String,
 }
 
 impl Member {
@@ -396,14 +402,20 @@ impl Member {
     pub fn tunnel(&self, set: &str) -> impl std::future::Future<Output = ()> + Send + use<> {
         let rx = self.client.subscribe();
         let client = self.client.borrow().clone();
-        let access = tether_agent::tunnel::MemberAccess {
-            agent: client.clone(),
-            bare: client,
-            allow: Default::default(),
+        let access = tether_agent::tunnel::MemberAccess::new(
+            client.clone(),
+            client,
+            Default::default(),
+            self.reach.metrics.clone(),
+        );
+        let at = tether_agent::tunnel::Attach {
+            set: set.to_string(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            key: self.key.clone(),
         };
-        let (set, ns, name) = (set.to_string(), self.namespace.clone(), self.name.clone());
         async move {
-            let _ = tether_agent::tunnel::run(rx, access, set, ns, name).await;
+            let _ = tether_agent::tunnel::run(rx, access, at).await;
         }
     }
 

@@ -46,6 +46,16 @@ where
     body.map_err(Into::into).boxed_unsync()
 }
 
+/// `body`, keeping `guard` alive until the body is dropped (a stream slot held for as long as a
+/// watch streams).
+pub fn holding<G: Send + 'static>(body: Body, guard: G) -> Body {
+    body.map_frame(move |frame| {
+        let _ = &guard;
+        frame
+    })
+    .boxed_unsync()
+}
+
 /// A body fed through the returned sender; it ends when the sender is dropped.
 pub fn channel() -> (mpsc::Sender<Bytes>, Body) {
     let (tx, rx) = mpsc::channel::<Bytes>(CHANNEL_CHUNKS);

@@ -2,11 +2,16 @@
 //! that only the replica holding the Lease serves. On gaining leadership it reads the API
 //! server's front-proxy trust (and follows it while serving: a rotated CA needs no restart),
 //! makes sure the shared serving certificate exists and that the APIService trusts it, listens,
-//! and points the proxy Service's EndpointSlice at itself; on
+//! and points the proxy Service's EndpointSlice at itself. What a caller of the port can make it
+//! hold is bounded: a connection cap, handshake and header timeouts, and one short-lived request
+//! for a peer that is not the API server's front proxy. While serving it closes every tunnel
+//! whose proof no longer holds (`revoke`); on
 //! losing it, it stops listening and closes every tunnel so agents reconnect to the new leader.
 
 mod certificate;
+pub mod challenge;
 pub mod frontproxy;
+pub mod revoke;
 pub mod server;
 pub mod serving;
 mod trust;
@@ -16,7 +21,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
@@ -25,7 +30,7 @@ use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use tether_api::conditions::{ConditionType, Reason, Status, condition, find};
 use tether_api::{ManagedCluster, ManagedClusterStatus};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -39,6 +44,16 @@ use tunnels::{Change, Tunnels};
 pub const FIELD_MANAGER: &str = "tether-leader-proxy";
 /// How long a new leader waits for agents to reconnect before it marks a member's tunnel lost.
 const RECONNECT_GRACE: Duration = Duration::from_secs(45);
+/// How long a caller has to complete the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a caller has to send a request's headers (HTTP/1; also an idle keep-alive).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connection without the front proxy's certificate may stay open at all.
+const UNAUTHENTICATED_LIFETIME: Duration = Duration::from_secs(10);
+/// HTTP/2 pings on the API server's connections, and how long an answer may take.
+const H2_KEEPALIVE: (Duration, Duration) = (Duration::from_secs(30), Duration::from_secs(20));
+/// How often a refusal at the connection cap is logged at most.
+const CAP_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Where and how the proxy serves.
 #[derive(Clone, Debug)]
@@ -55,6 +70,8 @@ pub struct ProxyOptions {
     pub secret: String,
     /// How long each serving certificate is valid; it is renewed at two thirds of that.
     pub cert_validity: Duration,
+    /// Most connections open at once (each tunnel is one; the API server's requests share a few).
+    pub max_connections: usize,
 }
 
 /// Why one serving term could not start.
@@ -191,28 +208,49 @@ async fn serve(
     tokio::pin!(follow);
     let shared = Arc::new(server::Shared {
         tunnels: tunnels.clone(),
-        clusters: ctx.clusters.clone(),
-        metrics: ctx.metrics.clone(),
+        ctx: ctx.clone(),
+        challenges: challenge::Challenges::default(),
         stop: stop.clone(),
     });
     let sweep = sweep_stale(ctx.clone(), tunnels.clone());
     tokio::pin!(sweep);
+    let revoked = revoke::sweep(ctx.clone(), tunnels.clone());
+    tokio::pin!(revoked);
+    let identities = revoke::follow_identities(ctx.clone(), tunnels.clone());
+    tokio::pin!(identities);
+    let slots = Arc::new(Semaphore::new(opts.max_connections));
+    let mut cap_logged: Option<tokio::time::Instant> = None;
     loop {
-        let (tcp, _) = tokio::select! {
+        let (tcp, peer) = tokio::select! {
             _ = stop.cancelled() => return Ok(()),
             _ = &mut sweep => continue,
             _ = &mut follow => continue,
+            _ = &mut revoked => continue,
+            _ = &mut identities => continue,
             a = listener.accept() => match a {
                 Ok(a) => a,
                 Err(e) => { warn!(error = %e, "Accept failed"); continue }
             },
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // NB: closed at once, before TLS: a flood costs a file descriptor for microseconds.
+            drop(tcp);
+            ctx.metrics.proxy_connection_refused();
+            if cap_logged.is_none_or(|t| t.elapsed() >= CAP_LOG_EVERY) {
+                cap_logged = Some(tokio::time::Instant::now());
+                warn!(%peer, max = opts.max_connections,
+                      "Member proxy connection cap reached; closing new connections (--proxy-max-connections)");
+            }
+            continue;
+        };
         // NB: small HTTP/2 frames (a GET, a ping) must not wait for Nagle's delayed ACK.
         let _ = tcp.set_nodelay(true);
         let (current, shared) = (trust.borrow().clone(), shared.clone());
-        let stop = stop.clone();
+        let (stop, metrics) = (stop.clone(), ctx.metrics.clone());
         tokio::spawn(async move {
-            let Ok(tls) = current.acceptor.accept(tcp).await else {
+            let _open = Open::new(slot, metrics);
+            let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, current.acceptor.accept(tcp)).await
+            else {
                 return;
             };
             let front: Result<Arc<FrontProxy>, Arc<str>> = current
@@ -220,16 +258,57 @@ async fn serve(
                 .check(tls.get_ref().1.peer_certificates())
                 .map(|()| current.front.clone())
                 .map_err(Arc::from);
+            let trusted = front.is_ok();
             let svc =
                 hyper::service::service_fn(move |req| server::handle(req, front.clone(), shared.clone()));
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
+            let io = TokioIo::new(tls);
+            if !trusted {
+                // Not the API server's front proxy: one request (health, or a 401), then closed.
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
+                    .keep_alive(false)
+                    .serve_connection(io, svc);
+                let _ = tokio::time::timeout(UNAUTHENTICATED_LIFETIME, conn).await;
+                return;
+            }
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT);
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .keep_alive_interval(H2_KEEPALIVE.0)
+                .keep_alive_timeout(H2_KEEPALIVE.1);
+            let conn = builder.serve_connection_with_upgrades(io, svc);
             tokio::select! {
                 _ = conn => {}
                 _ = stop.cancelled() => {}
             }
         });
         ctx.metrics.set_tunnels(tunnels.len());
+    }
+}
+
+/// One open connection to the proxy port: its slot under the cap and its count in the gauge,
+/// both given back when it closes.
+struct Open {
+    _slot: OwnedSemaphorePermit,
+    metrics: crate::Metrics,
+}
+
+impl Open {
+    fn new(slot: OwnedSemaphorePermit, metrics: crate::Metrics) -> Self {
+        metrics.proxy_connection(1);
+        Self { _slot: slot, metrics }
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.metrics.proxy_connection(-1);
     }
 }
 

@@ -1,6 +1,7 @@
 //! Ensures every request to the aggregated server is answered on behalf of a caller the leader's
 //! API server vouched for: the front-proxy certificate is checked before any header is read,
-//! only a member's own agent ServiceAccount may attach that member's tunnel, and a user's
+//! only a member's own agent ServiceAccount that also proves the member's registered key may
+//! attach (or keep) that member's tunnel, and a user's
 //! request travels to the member as one HTTP/2 stream with every forgeable identity header
 //! removed. Errors are Kubernetes `Status` objects that name the member and say why.
 
@@ -16,19 +17,23 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     APIGroup, APIGroupList, APIResource, APIResourceList, GroupVersionForDiscovery,
 };
 use kube::ResourceExt;
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
-use tether_api::{ManagedCluster, labels};
+use tether_api::conditions::EventReason;
+use tether_api::{ManagedCluster, annotations, labels};
 use tether_tunnel::headers::{self, MEMBER_AUTHORIZATION, REMOTE_GROUP, REMOTE_USER, strip_untrusted};
 use tether_tunnel::identity::Caller;
 use tether_tunnel::pipe::{self, Body};
+use tether_tunnel::proof::{self, ATTACH_PROOF, Challenge, Renewed};
 use tether_tunnel::route::{Discovery, Route, route};
 use tether_tunnel::{ATTACH, GROUP, PROXY, RESOURCE, UPGRADE_PROTOCOL, VERSION, status};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::challenge::{Challenges, Refused};
 use super::frontproxy::FrontProxy;
 use super::tunnels::{MemberKey, Tunnels};
-use crate::Metrics;
+use crate::Context;
 use crate::naming::AGENT_SERVICE_ACCOUNT;
 
 /// How often the leader pings each tunnel (the agent's read timeout is longer).
@@ -40,10 +45,10 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 pub struct Shared {
     /// Live tunnels.
     pub tunnels: Arc<Tunnels>,
-    /// Every ManagedCluster the leader created.
-    pub clusters: Store<ManagedCluster>,
-    /// Metrics.
-    pub metrics: Metrics,
+    /// The leader's caches (ManagedClusters with their registered keys, sets), recorder and metrics.
+    pub ctx: Arc<Context>,
+    /// Attach challenges of this serving term.
+    pub challenges: Challenges,
     /// Cancelled when this replica stops serving: every tunnel closes at once.
     pub stop: CancellationToken,
 }
@@ -63,12 +68,12 @@ pub async fn handle(
     let front = match front {
         Ok(front) => front,
         Err(why) => {
-            sh.metrics.proxied("unauthenticated");
+            sh.ctx.metrics.proxied("unauthenticated");
             return Ok(status(StatusCode::UNAUTHORIZED, &why));
         }
     };
     let Some(caller) = front.caller(req.headers()) else {
-        sh.metrics.proxied("unauthenticated");
+        sh.ctx.metrics.proxied("unauthenticated");
         return Ok(status(StatusCode::UNAUTHORIZED, "the front proxy named no user"));
     };
     Ok(match r {
@@ -99,17 +104,51 @@ fn member(namespace: &str, name: &str) -> MemberKey {
     }
 }
 
-/// Whether `m` is a member the leader created (not an object anyone could make).
-fn known(clusters: &Store<ManagedCluster>, m: &MemberKey) -> bool {
+/// The ManagedCluster of `m`, if the leader created it (not an object anyone could make).
+fn member_cluster(clusters: &Store<ManagedCluster>, m: &MemberKey) -> Option<Arc<ManagedCluster>> {
     clusters
         .get(&ObjectRef::new(&m.name).within(&m.namespace))
-        .is_some_and(|mc| {
+        .filter(|mc| {
             mc.labels().get(labels::MANAGED_BY).map(String::as_str) == Some(crate::provision::FIELD_MANAGER)
         })
 }
 
+/// Whether `m` is a member the leader created.
+fn known(clusters: &Store<ManagedCluster>, m: &MemberKey) -> bool {
+    member_cluster(clusters, m).is_some()
+}
+
+/// The key member `mc` registered with: what its agent must prove to attach.
+pub fn registered_key(mc: &ManagedCluster) -> Option<&str> {
+    mc.annotations()
+        .get(annotations::PUBLIC_KEY)
+        .map(String::as_str)
+        .filter(|k| !k.is_empty())
+}
+
+/// How long a tunnel proven now may live without a new proof: the lifetime of the credential
+/// its agent attached with (the set's `credentialTTL`), so that it never outlives that token.
+fn proven_for(ctx: &Context, mc: &ManagedCluster) -> Duration {
+    ctx.set_of(mc)
+        .and_then(|set| ctx.leader_set(&set))
+        .and_then(|s| s.spec.leader.clone())
+        .unwrap_or_default()
+        .credential_lifetime()
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// `attach`, as the member's own agent ServiceAccount. Without a proof header: a challenge
+/// sealed to the member's registered key. With a proof: the upgrade to a tunnel, or without an
+/// upgrade the renewal of the live tunnel's deadline. A proof is the token inside a challenge;
+/// only the holder of the private key can read it.
 fn attach(mut req: Request<Incoming>, caller: &Caller, m: MemberKey, sh: &Arc<Shared>) -> Response<Body> {
-    if headers::upgrade_request(req.headers()).as_deref() != Some(UPGRADE_PROTOCOL) {
+    let upgrade = headers::upgrade_request(req.headers());
+    if upgrade.as_deref().is_some_and(|u| u != UPGRADE_PROTOCOL) {
         return status(
             StatusCode::BAD_REQUEST,
             &format!("{ATTACH} needs Connection: Upgrade and Upgrade: {UPGRADE_PROTOCOL}"),
@@ -118,7 +157,7 @@ fn attach(mut req: Request<Incoming>, caller: &Caller, m: MemberKey, sh: &Arc<Sh
     let agent = format!("system:serviceaccount:{}:{AGENT_SERVICE_ACCOUNT}", m.namespace);
     if caller.user != agent {
         warn!(member = %m.name, namespace = %m.namespace, user = %caller.user, "Refused a tunnel from another identity");
-        sh.metrics.proxied("attach_forbidden");
+        sh.ctx.metrics.proxied("attach_forbidden");
         return status(
             StatusCode::FORBIDDEN,
             &format!(
@@ -127,14 +166,73 @@ fn attach(mut req: Request<Incoming>, caller: &Caller, m: MemberKey, sh: &Arc<Sh
             ),
         );
     }
-    if !known(&sh.clusters, &m) {
+    let Some(mc) = member_cluster(&sh.ctx.clusters, &m) else {
         return status(
             StatusCode::NOT_FOUND,
             &format!("no member {} in namespace {}", m.name, m.namespace),
         );
+    };
+    let Some(key) = registered_key(&mc).map(str::to_string) else {
+        sh.ctx.metrics.proxied("attach_unproven");
+        return status(
+            StatusCode::FORBIDDEN,
+            &format!("member {} has no registered key; it must register again", m.name),
+        );
+    };
+    let now = unix_now();
+    let Some(given) = req.headers().get(ATTACH_PROOF) else {
+        if upgrade.is_some() {
+            sh.ctx.metrics.proxied("attach_unproven");
+            warn!(member = %m.name, namespace = %m.namespace, "Refused a tunnel without a proof of the member's key");
+            return status(
+                StatusCode::FORBIDDEN,
+                &format!(
+                    "attaching member {}'s tunnel needs a proof of its registered key: GET {ATTACH} \
+                     without an upgrade for a challenge sealed to that key, then attach with the \
+                     token inside it in the {ATTACH_PROOF} header",
+                    m.name
+                ),
+            );
+        }
+        let token = sh.challenges.issue(&m, now);
+        return match tether_seal::seal_text(&proof::plaintext(&m.namespace, &m.name, &token), &key) {
+            Ok(sealed) => json(&serde_json::json!(Challenge { sealed })),
+            Err(e) => status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &format!("member {}'s registered key cannot be sealed to: {e}", m.name),
+            ),
+        };
+    };
+    let redeemed = match given.to_str() {
+        Ok(p) if p.len() <= proof::MAX_PROOF => sh.challenges.redeem(&m, p, now),
+        _ => Err(Refused::Malformed),
+    };
+    if let Err(why) = redeemed {
+        sh.ctx.metrics.proxied(why.label());
+        warn!(member = %m.name, namespace = %m.namespace, reason = why.label(), "Refused an attach proof");
+        return status(StatusCode::FORBIDDEN, &format!("member {}: {why}", m.name));
+    }
+    let lifetime = proven_for(&sh.ctx, &mc);
+    let deadline = tokio::time::Instant::now() + lifetime;
+    if upgrade.is_none() {
+        return if sh.tunnels.renew(&m, &key, deadline) {
+            sh.ctx.metrics.proxied("attach_renewed");
+            debug!(member = %m.name, seconds = lifetime.as_secs(), "Tunnel proven again");
+            json(&serde_json::json!(Renewed {
+                seconds: lifetime.as_secs()
+            }))
+        } else {
+            status(
+                StatusCode::NOT_FOUND,
+                &format!(
+                    "member {} has no live tunnel proven with its key to keep; attach one",
+                    m.name
+                ),
+            )
+        };
     }
     let on_upgrade = hyper::upgrade::on(&mut req);
-    let (tunnels, stop) = (sh.tunnels.clone(), sh.stop.clone());
+    let sh = sh.clone();
     tokio::spawn(async move {
         let upgraded = match on_upgrade.await {
             Ok(u) => u,
@@ -157,13 +255,18 @@ fn attach(mut req: Request<Incoming>, caller: &Caller, m: MemberKey, sh: &Arc<Sh
                 return;
             }
         };
-        let id = tunnels.insert(m.clone(), send);
+        let tunnels = &sh.tunnels;
+        let inserted = tunnels.insert(m.clone(), send, key, deadline);
         info!(member = %m.name, namespace = %m.namespace, tunnels = tunnels.len(), "Tunnel connected");
+        if inserted.replaced {
+            replaced(&sh.ctx, &mc).await;
+        }
         tokio::select! {
             r = conn => if let Err(e) = r { debug!(member = %m.name, error = %e, "Tunnel closed with an error") },
-            _ = stop.cancelled() => {}
+            _ = inserted.close.cancelled() => {}
+            _ = sh.stop.cancelled() => {}
         }
-        tunnels.remove(&m, id);
+        tunnels.remove(&m, inserted.id);
         info!(member = %m.name, namespace = %m.namespace, "Tunnel disconnected");
     });
     let mut resp = Response::new(pipe::empty());
@@ -175,6 +278,24 @@ fn attach(mut req: Request<Incoming>, caller: &Caller, m: MemberKey, sh: &Arc<Sh
     resp
 }
 
+/// A live tunnel was replaced by a new proven one: a Warning Event, since only the member's
+/// own agent can do that (a restart before the old tunnel timed out, or a stolen key).
+async fn replaced(ctx: &Context, mc: &ManagedCluster) {
+    ctx.metrics.tunnel_replaced();
+    warn!(member = %mc.name_any(), namespace = %mc.namespace().unwrap_or_default(),
+          "A live tunnel was replaced by a new attach proven with the member's key");
+    crate::write::event(
+        ctx,
+        mc,
+        EventType::Warning,
+        EventReason::TunnelReplaced,
+        "Attach",
+        "a new tunnel proven with this member's registered key replaced the live one (the agent \
+         restarted before its old tunnel timed out, or someone else holds the member's key)",
+    )
+    .await;
+}
+
 async fn proxy(
     req: Request<Incoming>,
     caller: &Caller,
@@ -183,8 +304,8 @@ async fn proxy(
     sh: &Arc<Shared>,
 ) -> Response<Body> {
     let Some(mut send) = sh.tunnels.get(&m) else {
-        sh.metrics.proxied("no_tunnel");
-        let why = if known(&sh.clusters, &m) {
+        sh.ctx.metrics.proxied("no_tunnel");
+        let why = if known(&sh.ctx.clusters, &m) {
             format!(
                 "member {} is not reachable: its agent has no tunnel to this leader (the agent is \
                  not running or cannot reach the leader); see `kubectl get mcls -n {} {} -o wide`",
@@ -217,7 +338,7 @@ async fn proxy(
     let has_member_credential = parts.headers.contains_key(MEMBER_AUTHORIZATION);
     debug!(member = %m.name, user = %caller.user, method = %parts.method, path, pass_through = has_member_credential, "Proxying");
     if send.ready().await.is_err() {
-        sh.metrics.proxied("tunnel_error");
+        sh.ctx.metrics.proxied("tunnel_error");
         return tunnel_failed(&m, "the tunnel closed");
     }
     let Some(protocol) = upgrade else {
@@ -226,14 +347,14 @@ async fn proxy(
             .await;
         return match resp {
             Ok(r) => {
-                sh.metrics.proxied("ok");
+                sh.ctx.metrics.proxied("ok");
                 let (mut p, b) = r.into_parts();
                 strip_untrusted(&mut p.headers, false);
                 p.version = Version::HTTP_11;
                 Response::from_parts(p, pipe::boxed(b))
             }
             Err(e) => {
-                sh.metrics.proxied("tunnel_error");
+                sh.ctx.metrics.proxied("tunnel_error");
                 tunnel_failed(&m, &e.to_string())
             }
         };
@@ -254,7 +375,7 @@ async fn proxy(
     let resp = match send.send_request(Request::from_parts(parts, out)).await {
         Ok(r) => r,
         Err(e) => {
-            sh.metrics.proxied("tunnel_error");
+            sh.ctx.metrics.proxied("tunnel_error");
             return tunnel_failed(&m, &e.to_string());
         }
     };
@@ -262,7 +383,7 @@ async fn proxy(
     let (mut p, from_member) = resp.into_parts();
     match (switched, on_upgrade) {
         (Some(proto), Some(on_upgrade)) => {
-            sh.metrics.proxied("upgraded");
+            sh.ctx.metrics.proxied("upgraded");
             let mut r = Response::new(pipe::empty());
             *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
             r.headers_mut()
@@ -283,7 +404,7 @@ async fn proxy(
         }
         _ => {
             // NB: a non-101 answer to an upgrade closes the connection.
-            sh.metrics.proxied("ok");
+            sh.ctx.metrics.proxied("ok");
             strip_untrusted(&mut p.headers, false);
             p.version = Version::HTTP_11;
             p.headers.insert(CONNECTION, HeaderValue::from_static("close"));

@@ -1,6 +1,8 @@
 //! Ensures each member has at most one live tunnel at the leader, keyed by its dedicated
-//! namespace and name: a new attach replaces the old one, a closed tunnel removes only itself,
-//! and every change is announced so the TunnelConnected condition follows it.
+//! namespace and name, and that each tunnel lives only while what it was proven with holds: the
+//! member's key it proved and a deadline its credential sets (renewed by a new proof). A new
+//! attach replaces (and closes) the old one, a closed tunnel removes only itself, a revoked one
+//! is closed at once, and every change is announced so the TunnelConnected condition follows.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -9,6 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use hyper::client::conn::http2::SendRequest;
 use tether_tunnel::pipe::Body;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// A member: its dedicated namespace and ManagedCluster name.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
@@ -31,6 +35,34 @@ pub struct Change {
 struct Entry {
     id: u64,
     send: SendRequest<Body>,
+    /// The member key (age recipient) the tunnel was proven with.
+    key: String,
+    /// When the tunnel closes unless proven again over a renewed credential.
+    deadline: Instant,
+    /// Cancelled to close the tunnel's connection.
+    close: CancellationToken,
+}
+
+/// A live tunnel as the revocation check sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Live {
+    /// Whose.
+    pub member: MemberKey,
+    /// The key it was proven with.
+    pub key: String,
+    /// When it closes unless proven again.
+    pub deadline: Instant,
+}
+
+/// What `insert` did.
+#[derive(Debug)]
+pub struct Inserted {
+    /// The id to `remove` it with.
+    pub id: u64,
+    /// Cancelled when the tunnel is replaced or revoked: its connection must close.
+    pub close: CancellationToken,
+    /// Whether a live tunnel of the same member was replaced (and closed).
+    pub replaced: bool,
 }
 
 /// The live tunnels of this replica.
@@ -55,16 +87,71 @@ impl Tunnels {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers `send` as `member`'s tunnel, replacing (and so closing) any older one; returns
-    /// the id to `remove` it with.
-    pub fn insert(&self, member: MemberKey, send: SendRequest<Body>) -> u64 {
+    /// Registers `send` as `member`'s tunnel, proven with `key` until `deadline`, replacing
+    /// (and closing) any older one.
+    pub fn insert(
+        &self,
+        member: MemberKey,
+        send: SendRequest<Body>,
+        key: String,
+        deadline: Instant,
+    ) -> Inserted {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.live().insert(member.clone(), Entry { id, send });
+        let close = CancellationToken::new();
+        let old = self.live().insert(
+            member.clone(),
+            Entry {
+                id,
+                send,
+                key,
+                deadline,
+                close: close.clone(),
+            },
+        );
+        let replaced = old.is_some_and(|old| {
+            old.close.cancel();
+            !old.send.is_closed()
+        });
         let _ = self.changes.send(Change {
             member,
             connected: true,
         });
-        id
+        Inserted { id, close, replaced }
+    }
+
+    /// Moves `member`'s deadline to `deadline` if its live tunnel was proven with `key`.
+    pub fn renew(&self, member: &MemberKey, key: &str, deadline: Instant) -> bool {
+        match self.live().get_mut(member) {
+            Some(e) if e.key == key && !e.send.is_closed() => {
+                e.deadline = deadline;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Every live tunnel, for the revocation check.
+    pub fn snapshot(&self) -> Vec<Live> {
+        self.live()
+            .iter()
+            .map(|(member, e)| Live {
+                member: member.clone(),
+                key: e.key.clone(),
+                deadline: e.deadline,
+            })
+            .collect()
+    }
+
+    /// Closes `member`'s tunnel now (it was revoked); returns whether one was live.
+    pub fn revoke(&self, member: &MemberKey) -> bool {
+        let gone = self.live().remove(member);
+        let Some(e) = gone else { return false };
+        e.close.cancel();
+        let _ = self.changes.send(Change {
+            member: member.clone(),
+            connected: false,
+        });
+        true
     }
 
     /// Removes `member`'s tunnel if it is still the one registered as `id`.
@@ -94,8 +181,9 @@ impl Tunnels {
 
     /// Closes every tunnel (this replica stops leading or shuts down).
     pub fn close_all(&self) {
-        let gone: Vec<MemberKey> = self.live().drain().map(|(k, _)| k).collect();
-        for member in gone {
+        let gone: Vec<(MemberKey, Entry)> = self.live().drain().collect();
+        for (member, e) in gone {
+            e.close.cancel();
             let _ = self.changes.send(Change {
                 member,
                 connected: false,

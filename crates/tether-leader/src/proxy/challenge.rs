@@ -1,0 +1,195 @@
+//! Ensures only the holder of a member's registered key can attach or keep its tunnel, however
+//! its token was obtained: each challenge is a proof token bound to one member, minted from an
+//! HMAC key that lives only in this replica's memory (so nothing is stored per challenge and a
+//! caller cannot make the leader hold any), sealed to the key recorded at approval, valid for a
+//! minute and redeemable once.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use rand::RngCore;
+use sha2::Sha256;
+
+use super::tunnels::MemberKey;
+
+/// How long a proof token may be redeemed after it was minted.
+pub const VALID: Duration = Duration::from_secs(60);
+
+/// Why a proof was not accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// Not of the form this replica mints.
+    #[error("the attach proof is malformed")]
+    Malformed,
+    /// Not minted by this replica for this member.
+    #[error("the attach proof was not issued for this member by this leader replica")]
+    Forged,
+    /// Minted too long ago (or in the future).
+    #[error("the attach proof expired; ask for a new challenge")]
+    Expired,
+    /// Already redeemed.
+    #[error("the attach proof was used already; ask for a new challenge")]
+    Reused,
+}
+
+impl Refused {
+    /// A bounded label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Malformed => "proof_malformed",
+            Self::Forged => "proof_forged",
+            Self::Expired => "proof_expired",
+            Self::Reused => "proof_reused",
+        }
+    }
+}
+
+/// Redeemed MACs, and the same in the order they stop being redeemable (with that second).
+/// Bounded by how many proofs can be minted and redeemed within `VALID`, which only members'
+/// agents can do.
+#[derive(Default)]
+struct Used {
+    seen: HashSet<[u8; 32]>,
+    order: VecDeque<(u64, [u8; 32])>,
+}
+
+/// Mints and redeems proof tokens.
+pub struct Challenges {
+    key: [u8; 32],
+    used: Mutex<Used>,
+}
+
+impl Default for Challenges {
+    fn default() -> Self {
+        let mut key = [0u8; 32];
+        rand::rng().fill_bytes(&mut key);
+        Self {
+            key,
+            used: Mutex::default(),
+        }
+    }
+}
+
+impl Challenges {
+    fn mac(&self, m: &MemberKey, issued: u64, nonce: &str) -> [u8; 32] {
+        // NB: new_from_slice accepts any key length for HMAC.
+        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&self.key) else {
+            return [0; 32];
+        };
+        mac.update(format!("{}/{}.{issued}.{nonce}", m.namespace, m.name).as_bytes());
+        mac.finalize().into_bytes().into()
+    }
+
+    /// A fresh proof token for member `m`, minted at `now` (Unix seconds).
+    pub fn issue(&self, m: &MemberKey, now: u64) -> String {
+        let mut nonce = [0u8; 16];
+        rand::rng().fill_bytes(&mut nonce);
+        let nonce = hex::encode(nonce);
+        let mac = hex::encode(self.mac(m, now, &nonce));
+        format!("{now}.{nonce}.{mac}")
+    }
+
+    /// Accepts `token` for member `m` at `now` once: minted here, for `m`, within `VALID`.
+    pub fn redeem(&self, m: &MemberKey, token: &str, now: u64) -> Result<(), Refused> {
+        let mut parts = token.split('.');
+        let (Some(issued), Some(nonce), Some(mac), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(Refused::Malformed);
+        };
+        let issued: u64 = issued.parse().map_err(|_| Refused::Malformed)?;
+        let mut given = [0u8; 32];
+        hex::decode_to_slice(mac, &mut given).map_err(|_| Refused::Malformed)?;
+        if nonce.len() != 32 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Refused::Malformed);
+        }
+        let expected = self.mac(m, issued, nonce);
+        // NB: compared in constant time, as a MAC must be.
+        let differs = expected
+            .iter()
+            .zip(given.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        if differs != 0 {
+            return Err(Refused::Forged);
+        }
+        if issued > now || now - issued > VALID.as_secs() {
+            return Err(Refused::Expired);
+        }
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        while used.order.front().is_some_and(|(until, _)| *until < now) {
+            if let Some((_, old)) = used.order.pop_front() {
+                used.seen.remove(&old);
+            }
+        }
+        if !used.seen.insert(expected) {
+            return Err(Refused::Reused);
+        }
+        used.order.push_back((issued + VALID.as_secs(), expected));
+        Ok(())
+    }
+
+    /// How many redeemed proofs are remembered (for tests and metrics).
+    pub fn remembered(&self) -> usize {
+        self.used.lock().map(|u| u.seen.len()).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(name: &str) -> MemberKey {
+        MemberKey {
+            namespace: format!("tether-prod-{name}"),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn a_proof_is_redeemed_once_for_its_member_within_a_minute() {
+        let c = Challenges::default();
+        let east = member("east");
+        let t = c.issue(&east, 1000);
+        assert_eq!(c.redeem(&member("west"), &t, 1001), Err(Refused::Forged));
+        assert_eq!(c.redeem(&east, &t, 1001), Ok(()));
+        assert_eq!(c.redeem(&east, &t, 1002), Err(Refused::Reused));
+        let late = c.issue(&east, 1000);
+        assert_eq!(c.redeem(&east, &late, 1061), Err(Refused::Expired));
+        let early = c.issue(&east, 2000);
+        assert_eq!(c.redeem(&east, &early, 1999), Err(Refused::Expired));
+    }
+
+    #[test]
+    fn proofs_of_another_replica_or_tampered_ones_are_refused() {
+        let (a, b) = (Challenges::default(), Challenges::default());
+        let east = member("east");
+        let t = a.issue(&east, 1000);
+        assert_eq!(b.redeem(&east, &t, 1000), Err(Refused::Forged));
+        let mut parts: Vec<String> = t.split('.').map(str::to_string).collect();
+        parts[0] = "1001".into();
+        assert_eq!(a.redeem(&east, &parts.join("."), 1001), Err(Refused::Forged));
+        for bad in [
+            "",
+            "x",
+            "1.2",
+            "1.2.3.4",
+            "a.0123456789abcdef0123456789abcdef.00",
+            "1000.zz.00",
+        ] {
+            assert_eq!(a.redeem(&east, bad, 1000), Err(Refused::Malformed), "{bad}");
+        }
+    }
+
+    #[test]
+    fn redeemed_proofs_are_forgotten_once_they_could_not_be_redeemed_anyway() {
+        let c = Challenges::default();
+        let east = member("east");
+        for i in 0..100 {
+            let t = c.issue(&east, 1000 + i);
+            c.redeem(&east, &t, 1000 + i).unwrap();
+        }
+        assert!(c.remembered() <= 62, "{}", c.remembered());
+    }
+}
