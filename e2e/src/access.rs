@@ -112,3 +112,14 @@ pub async fn get(c: &Client, path: &str, headers: &[(&str, &str)]) -> Result<Str
             other => (0, other.to_string()),
         })
 }
+
+/// The value of the series `series` (name and labels, as printed) on the leader's `/metrics`.
+pub async fn leader_metric(leader: &LeaderSide, series: &str) -> f64 {
+    let (_, text) = leader
+        .controller
+        .admin_get("/metrics")
+        .await
+        .expect("leader /metrics");
+    crate::scale::metric(&text, series)
+        .unwrap_or_else(|| panic!("no {series} in the leader's metrics:\n{text}"))
+}

@@ -99,6 +99,9 @@ async fn leader_process(
             let admin = cluster.client().expect("admin");
             install_tether_crds(&admin).await.expect("crds");
             apply_rbac_file(&admin, "leader.yaml").await.expect("leader RBAC");
+            crate::apply_config_file(&admin, crate::LEADER_POLICY)
+                .await
+                .expect("leader admission policy");
             admin
         }
     };

@@ -65,6 +65,10 @@ pub async fn apply_rbac_file(client: &Client, file: &str) -> Result<(), kube::Er
     apply_config_file(client, file).await
 }
 
+/// The ValidatingAdmissionPolicy that scopes the leader's ServiceAccount (what the leader
+/// chart installs by default), under `config/`.
+pub const LEADER_POLICY: &str = "policy/leader-scope.yaml";
+
 /// Applies a multi-document file from `config/` (`rbac/leader.yaml`, `proxy/leader-proxy.yaml`;
 /// a bare name is under `rbac/`): RBAC objects, ServiceAccounts, Services and APIServices.
 pub async fn apply_config_file(client: &Client, file: &str) -> Result<(), kube::Error> {
@@ -126,10 +130,22 @@ pub async fn apply_config_file(client: &Client, file: &str) -> Result<(), kube::
                     .patch(&name, &pp, &patch)
                     .await?,
             ),
-            Some("APIService") => {
+            Some(
+                kind @ ("APIService" | "ValidatingAdmissionPolicy" | "ValidatingAdmissionPolicyBinding"),
+            ) => {
+                let (group, plural) = match kind {
+                    "APIService" => ("apiregistration.k8s.io", "apiservices"),
+                    "ValidatingAdmissionPolicy" => {
+                        ("admissionregistration.k8s.io", "validatingadmissionpolicies")
+                    }
+                    _ => (
+                        "admissionregistration.k8s.io",
+                        "validatingadmissionpolicybindings",
+                    ),
+                };
                 let ar = kube::api::ApiResource::from_gvk_with_plural(
-                    &kube::core::GroupVersionKind::gvk("apiregistration.k8s.io", "v1", "APIService"),
-                    "apiservices",
+                    &kube::core::GroupVersionKind::gvk(group, "v1", kind),
+                    plural,
                 );
                 drop(
                     Api::<kube::api::DynamicObject>::all_with(client.clone(), &ar)
@@ -219,4 +235,83 @@ where
         Ok(())
     });
     libtest_mimic::run(&args, vec![trial]).exit_code()
+}
+
+/// One scenario of a shared-fixture test binary: it gets the fixture, and panics to fail.
+pub type Scenario<W> = for<'a> fn(&'a W) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>>;
+
+/// A test binary of named scenarios over one fixture, in its own lab network namespace: the
+/// fixture is built once, the scenarios the command line selects run one after another in the
+/// order given (each sees what the ones before left), and each is reported as its own test, so
+/// the first failure hides nothing and the name says what broke.
+pub fn lab_scenarios<W, S, SF>(
+    what: &str,
+    setup: S,
+    scenarios: Vec<(&'static str, Scenario<W>)>,
+) -> std::process::ExitCode
+where
+    S: FnOnce() -> SF,
+    SF: std::future::Future<Output = W>,
+{
+    use futures::FutureExt;
+    use std::collections::HashMap;
+    let args = libtest_mimic::Arguments::from_args();
+    let selected = |name: &str| match &args.filter {
+        Some(f) if args.exact => name == f,
+        Some(f) => name.contains(f.as_str()),
+        None => true,
+    } && !args.skip.iter().any(|s| name.contains(s.as_str()));
+    let mut results: HashMap<&'static str, Result<(), String>> = HashMap::new();
+    if !args.list && scenarios.iter().any(|(n, _)| selected(n)) {
+        if let Err(err) = tether_testkit::lab::enter() {
+            eprintln!("error: {what} cannot run here: {err}");
+            return std::process::ExitCode::FAILURE;
+        }
+        let panic_text = |p: Box<dyn std::any::Any + Send>| {
+            p.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panicked".into())
+        };
+        let runtime = match tokio::runtime::Runtime::new() {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("error: {what}: no runtime: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
+        runtime.block_on(async {
+            let start = std::time::Instant::now();
+            let world = match std::panic::AssertUnwindSafe(setup()).catch_unwind().await {
+                Ok(w) => w,
+                Err(p) => {
+                    let why = format!("the fixture failed: {}", panic_text(p));
+                    for (name, _) in &scenarios {
+                        results.insert(name, Err(why.clone()));
+                    }
+                    return;
+                }
+            };
+            for (name, run) in &scenarios {
+                if !selected(name) {
+                    continue;
+                }
+                eprintln!("== [{:6.1}s] {name}", start.elapsed().as_secs_f64());
+                let r = std::panic::AssertUnwindSafe(run(&world)).catch_unwind().await;
+                results.insert(name, r.map_err(panic_text));
+            }
+            eprintln!("== [{:6.1}s] done", start.elapsed().as_secs_f64());
+        });
+    }
+    let trials = scenarios
+        .iter()
+        .map(|(name, _)| {
+            let result = results.remove(name);
+            libtest_mimic::Trial::test(*name, move || match result {
+                Some(r) => r.map_err(libtest_mimic::Failed::from),
+                None => Ok(()),
+            })
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit_code()
 }

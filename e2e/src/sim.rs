@@ -37,6 +37,9 @@ pub async fn install_leader(cluster: &TestCluster, leader_spec: serde_json::Valu
     let admin = cluster.client().expect("admin");
     install_tether_crds(&admin).await.expect("crds");
     apply_rbac_file(&admin, "leader.yaml").await.expect("leader RBAC");
+    crate::apply_config_file(&admin, crate::LEADER_POLICY)
+        .await
+        .expect("leader admission policy");
     let set = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterSet",
                      "metadata": {"name": SET}, "spec": {"role": "Leader", "leader": leader_spec}});
     create_raw::<ClusterSet>(&admin, Some(HOME), set)

@@ -246,3 +246,73 @@ fn lint_render_and_refuse(bin: &str) {
 }
 
 const LEADER_URL: &str = "leaderURL=https://leader.example:6443";
+
+/// The leader's admission policy renders by default where the API server serves it, scoped to
+/// the release's own ServiceAccount, and not where it does not (Kubernetes before 1.30) or when
+/// turned off; the NetworkPolicy renders only when asked, with the sources given.
+#[test]
+fn the_leader_chart_scopes_its_service_account_and_offers_a_network_policy() {
+    let vap = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy";
+    let render = |extra: &[&str]| {
+        let mut args = vec![
+            "template",
+            "t",
+            "charts/tether-leader",
+            "-n",
+            "fleet",
+            "--set",
+            "leaderURL=https://leader:6443",
+        ];
+        args.extend_from_slice(extra);
+        let o = helm_with("helm", &args);
+        assert!(o.status.success(), "{}", out(&o));
+        docs(&String::from_utf8_lossy(&o.stdout))
+    };
+    let kinds = |d: &[Value]| -> Vec<String> {
+        d.iter()
+            .filter_map(|v| v["kind"].as_str().map(str::to_string))
+            .collect()
+    };
+    let served = render(&["--api-versions", vap]);
+    let policy = served
+        .iter()
+        .find(|v| v["kind"] == "ValidatingAdmissionPolicy")
+        .expect("the policy by default");
+    let condition = policy["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        condition.contains("'system:serviceaccount:fleet:tether-leader'"),
+        "bound to the release's ServiceAccount: {condition}"
+    );
+    assert!(kinds(&served).contains(&"ValidatingAdmissionPolicyBinding".to_string()));
+    assert!(
+        !kinds(&served).contains(&"NetworkPolicy".to_string()),
+        "off by default"
+    );
+    let off = render(&["--api-versions", vap, "--set", "admissionPolicy.enabled=false"]);
+    assert!(!kinds(&off).iter().any(|k| k.starts_with("ValidatingAdmission")));
+    let old = render(&[]);
+    assert!(
+        !kinds(&old).iter().any(|k| k.starts_with("ValidatingAdmission")),
+        "not where the API server does not serve it"
+    );
+    let np = render(&[
+        "--set",
+        "networkPolicy.enabled=true",
+        "--set-json",
+        r#"networkPolicy.proxyFrom=[{"ipBlock":{"cidr":"10.0.0.0/24"}}]"#,
+    ]);
+    let np = np
+        .iter()
+        .find(|v| v["kind"] == "NetworkPolicy")
+        .expect("NetworkPolicy");
+    let ingress = np["spec"]["ingress"].as_array().expect("ingress");
+    assert_eq!(ingress[0]["ports"][0]["port"], 8443);
+    assert_eq!(ingress[0]["from"][0]["ipBlock"]["cidr"], "10.0.0.0/24");
+    assert_eq!(ingress[1]["ports"][0]["port"], 8080);
+    assert!(
+        ingress[1].get("from").is_none(),
+        "the admin port from anywhere unless listed"
+    );
+}

@@ -25,7 +25,7 @@ use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use tether_e2e::access::{apply, get, grant_proxy, through, wait_tunnel};
+use tether_e2e::access::{apply, get, grant_proxy, leader_metric, through, wait_tunnel};
 use tether_e2e::fleet::{self, LeaderSide, MemberSide};
 use tether_e2e::sim::{HOME, join_token, ns_of};
 use tether_testkit::{TestCluster, eventually, free_port, lab};
@@ -685,17 +685,6 @@ async fn member_access() {
 
 /// The leader's gauge of when the proxy's serving certificate expires.
 const CERT_EXPIRY: &str = "tether_leader_proxy_certificate_expiry_timestamp_seconds";
-
-/// The value of the series `series` (name and labels, as printed) on the leader's `/metrics`.
-async fn leader_metric(leader: &LeaderSide, series: &str) -> f64 {
-    let (_, text) = leader
-        .controller
-        .admin_get("/metrics")
-        .await
-        .expect("leader /metrics");
-    tether_e2e::scale::metric(&text, series)
-        .unwrap_or_else(|| panic!("no {series} in the leader's metrics:\n{text}"))
-}
 
 /// The leaf certificate (DER) and CA (PEM) in the proxy serving Secret.
 async fn serving_secret(leader: &LeaderSide) -> (Vec<u8>, Vec<u8>) {

@@ -1,10 +1,16 @@
 //! Writes every generated file (`make generate`): the CRDs in `config/crd/`, their copies in each
 //! chart's `crds/`, each chart's copy of its controller's RBAC from `config/rbac/`, and the leader
-//! chart's copy of `config/proxy/leader-proxy.yaml`. With
+//! chart's copies of `config/proxy/leader-proxy.yaml` and `config/policy/leader-scope.yaml`. With
 //! `--check` it writes nothing and fails if a committed file differs (`make check-generated`).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+/// Files under `config/` the leader chart installs, and their copies' names under its `files/`.
+const LEADER_FILES: [(&str, &str); 2] = [
+    ("proxy/leader-proxy.yaml", "proxy.yaml"),
+    ("policy/leader-scope.yaml", "admission-policy.yaml"),
+];
 
 /// The charts and the RBAC file each one installs.
 const CHARTS: [(&str, &str); 2] = [("tether-leader", "leader.yaml"), ("tether-agent", "agent.yaml")];
@@ -42,17 +48,16 @@ fn main() -> ExitCode {
             }
         }
     }
-    let proxy = root.join("config/proxy/leader-proxy.yaml");
-    match std::fs::read_to_string(&proxy) {
-        Ok(text) => files.push((
-            root.join("charts/tether-leader/files/proxy.yaml"),
-            format!(
-                "# Generated from config/proxy/leader-proxy.yaml by `make generate`; do not edit.\n{text}"
-            ),
-        )),
-        Err(err) => {
-            eprintln!("error: cannot read {}: {err}", proxy.display());
-            return ExitCode::FAILURE;
+    for (source, copy) in LEADER_FILES {
+        match std::fs::read_to_string(root.join("config").join(source)) {
+            Ok(text) => files.push((
+                root.join("charts/tether-leader/files").join(copy),
+                format!("# Generated from config/{source} by `make generate`; do not edit.\n{text}"),
+            )),
+            Err(err) => {
+                eprintln!("error: cannot read config/{source}: {err}");
+                return ExitCode::FAILURE;
+            }
         }
     }
     let mut stale = Vec::new();

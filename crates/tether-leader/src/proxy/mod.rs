@@ -206,17 +206,19 @@ async fn serve(
         trust_tx,
     );
     tokio::pin!(follow);
+    let identities = Arc::new(revoke::Identities::default());
     let shared = Arc::new(server::Shared {
         tunnels: tunnels.clone(),
         ctx: ctx.clone(),
         challenges: challenge::Challenges::default(),
+        identities: identities.clone(),
         stop: stop.clone(),
     });
     let sweep = sweep_stale(ctx.clone(), tunnels.clone());
     tokio::pin!(sweep);
-    let revoked = revoke::sweep(ctx.clone(), tunnels.clone());
+    let revoked = revoke::sweep(ctx.clone(), tunnels.clone(), identities.clone());
     tokio::pin!(revoked);
-    let identities = revoke::follow_identities(ctx.clone(), tunnels.clone());
+    let identities = revoke::follow_identities(ctx.clone(), tunnels.clone(), identities);
     tokio::pin!(identities);
     let slots = Arc::new(Semaphore::new(opts.max_connections));
     let mut cap_logged: Option<tokio::time::Instant> = None;

@@ -30,15 +30,53 @@ use crate::naming::AGENT_SERVICE_ACCOUNT;
 /// How often every live tunnel is checked against the caches.
 const SWEEP: Duration = Duration::from_secs(2);
 
-/// Why the live tunnel `live` must close at `now`, given its member's ManagedCluster `mc`.
-pub fn verdict(live: &Live, mc: Option<&ManagedCluster>, now: Instant) -> Option<&'static str> {
+/// Why the live tunnel `live` must close at `now`, given its member's ManagedCluster `mc` and
+/// whether its agent ServiceAccount exists (`None`: not known yet).
+pub fn verdict(
+    live: &Live,
+    mc: Option<&ManagedCluster>,
+    identity: Option<bool>,
+    now: Instant,
+) -> Option<&'static str> {
     let Some(mc) = mc.filter(|mc| mc.meta().deletion_timestamp.is_none()) else {
         return Some("member_removed");
     };
     if registered_key(mc) != Some(live.key.as_str()) {
         return Some("key_changed");
     }
+    if identity == Some(false) {
+        return Some("identity_deleted");
+    }
     (live.deadline <= now).then_some("credential_expired")
+}
+
+/// The members' agent ServiceAccounts as the leader last saw them: the UID in each member
+/// namespace, once the first list is in.
+#[derive(Default)]
+pub struct Identities {
+    uids: std::sync::Mutex<HashMap<String, String>>,
+    synced: std::sync::atomic::AtomicBool,
+}
+
+impl Identities {
+    /// Whether member namespace `ns` has its agent ServiceAccount; `None` before the first list.
+    /// NB: a token of a just-deleted ServiceAccount may still authenticate for a moment (the API
+    /// server's cache); this is what keeps it from attaching a tunnel.
+    pub fn present(&self, ns: &str) -> Option<bool> {
+        if !self.synced.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        Some(
+            self.uids
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(ns),
+        )
+    }
+
+    fn uids(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.uids.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// What each reason tells the member's admin.
@@ -81,7 +119,7 @@ async fn revoke(ctx: &Context, tunnels: &Tunnels, member: &MemberKey, reason: &'
 }
 
 /// Every `SWEEP`, closes each tunnel whose verdict says so (while this replica serves).
-pub async fn sweep(ctx: Arc<Context>, tunnels: Arc<Tunnels>) {
+pub async fn sweep(ctx: Arc<Context>, tunnels: Arc<Tunnels>, identities: Arc<Identities>) {
     loop {
         tokio::time::sleep(SWEEP).await;
         let now = Instant::now();
@@ -89,7 +127,8 @@ pub async fn sweep(ctx: Arc<Context>, tunnels: Arc<Tunnels>) {
             let mc = ctx
                 .clusters
                 .get(&ObjectRef::new(&live.member.name).within(&live.member.namespace));
-            if let Some(reason) = verdict(&live, mc.as_deref(), now) {
+            let identity = identities.present(&live.member.namespace);
+            if let Some(reason) = verdict(&live, mc.as_deref(), identity, now) {
                 revoke(&ctx, &tunnels, &live.member, reason).await;
             }
         }
@@ -98,7 +137,7 @@ pub async fn sweep(ctx: Arc<Context>, tunnels: Arc<Tunnels>) {
 
 /// Follows the members' agent ServiceAccounts: one deleted, or recreated under a new UID (all
 /// tokens of the old one are void), closes the tunnel of its namespace.
-pub async fn follow_identities(ctx: Arc<Context>, tunnels: Arc<Tunnels>) {
+pub async fn follow_identities(ctx: Arc<Context>, tunnels: Arc<Tunnels>, identities: Arc<Identities>) {
     // NB: metadata only: the leader keeps a UID per member namespace, nothing else.
     let api = Api::<PartialObjectMeta<ServiceAccount>>::all(ctx.client.clone());
     let cfg = watcher::Config::default()
@@ -108,7 +147,6 @@ pub async fn follow_identities(ctx: Arc<Context>, tunnels: Arc<Tunnels>) {
             crate::provision::FIELD_MANAGER
         ))
         .fields(&format!("metadata.name={AGENT_SERVICE_ACCOUNT}"));
-    let mut uids: HashMap<String, String> = HashMap::new();
     let mut relisted: HashSet<String> = HashSet::new();
     let stream = watcher(api, cfg).default_backoff();
     futures::pin_mut!(stream);
@@ -129,18 +167,26 @@ pub async fn follow_identities(ctx: Arc<Context>, tunnels: Arc<Tunnels>) {
             watcher::Event::InitApply(sa) | watcher::Event::Apply(sa) => {
                 let (ns, uid) = (sa.namespace().unwrap_or_default(), sa.uid().unwrap_or_default());
                 relisted.insert(ns.clone());
-                if uids.insert(ns.clone(), uid.clone()).is_some_and(|old| old != uid) {
+                if identities
+                    .uids()
+                    .insert(ns.clone(), uid.clone())
+                    .is_some_and(|old| old != uid)
+                {
                     gone.push(ns);
                 }
             }
             watcher::Event::Delete(sa) => {
                 let ns = sa.namespace().unwrap_or_default();
-                uids.remove(&ns);
+                identities.uids().remove(&ns);
                 gone.push(ns);
             }
             watcher::Event::InitDone => {
+                let mut uids = identities.uids();
                 gone.extend(uids.keys().filter(|ns| !relisted.contains(*ns)).cloned());
                 uids.retain(|ns, _| relisted.contains(ns));
+                identities
+                    .synced
+                    .store(true, std::sync::atomic::Ordering::Release);
             }
         }
         if gone.is_empty() {
@@ -189,20 +235,50 @@ mod tests {
             key: "age1old".into(),
             deadline: now + Duration::from_secs(60),
         };
-        let table: [(Option<ManagedCluster>, Instant, Option<&str>); 6] = [
-            (Some(mc(Some("age1old"), false)), now, None),
-            (None, now, Some("member_removed")),
-            (Some(mc(Some("age1old"), true)), now, Some("member_removed")),
-            (Some(mc(Some("age1new"), false)), now, Some("key_changed")),
-            (Some(mc(None, false)), now, Some("key_changed")),
+        /// The member's ManagedCluster, whether its agent ServiceAccount exists, when, verdict.
+        type Case = (Option<ManagedCluster>, Option<bool>, Instant, Option<&'static str>);
+        let table: [Case; 9] = [
+            (Some(mc(Some("age1old"), false)), Some(true), now, None),
+            (Some(mc(Some("age1old"), false)), None, now, None),
+            (None, Some(true), now, Some("member_removed")),
+            (
+                Some(mc(Some("age1old"), true)),
+                Some(true),
+                now,
+                Some("member_removed"),
+            ),
+            (
+                Some(mc(Some("age1new"), false)),
+                Some(true),
+                now,
+                Some("key_changed"),
+            ),
+            (Some(mc(None, false)), Some(true), now, Some("key_changed")),
             (
                 Some(mc(Some("age1old"), false)),
+                Some(false),
+                now,
+                Some("identity_deleted"),
+            ),
+            (
+                Some(mc(Some("age1old"), false)),
+                Some(true),
                 now + Duration::from_secs(61),
                 Some("credential_expired"),
             ),
+            (
+                Some(mc(Some("age1old"), false)),
+                Some(true),
+                now + Duration::from_secs(59),
+                None,
+            ),
         ];
-        for (i, (cluster, at, want)) in table.iter().enumerate() {
-            assert_eq!(verdict(&live, cluster.as_ref(), *at), *want, "case {i}");
+        for (i, (cluster, identity, at, want)) in table.iter().enumerate() {
+            assert_eq!(
+                verdict(&live, cluster.as_ref(), *identity, *at),
+                *want,
+                "case {i}"
+            );
         }
     }
 }

@@ -32,6 +32,7 @@ use tracing::{debug, info, warn};
 
 use super::challenge::{Challenges, Refused};
 use super::frontproxy::FrontProxy;
+use super::revoke::Identities;
 use super::tunnels::{MemberKey, Tunnels};
 use crate::Context;
 use crate::naming::AGENT_SERVICE_ACCOUNT;
@@ -49,6 +50,8 @@ pub struct Shared {
     pub ctx: Arc<Context>,
     /// Attach challenges of this serving term.
     pub challenges: Challenges,
+    /// Which members' agent ServiceAccounts exist.
+    pub identities: Arc<Identities>,
     /// Cancelled when this replica stops serving: every tunnel closes at once.
     pub stop: CancellationToken,
 }
@@ -172,6 +175,25 @@ fn attach(mut req: Request<Incoming>, caller: &Caller, m: MemberKey, sh: &Arc<Sh
             &format!("no member {} in namespace {}", m.name, m.namespace),
         );
     };
+    match sh.identities.present(&m.namespace) {
+        Some(true) => {}
+        Some(false) => {
+            sh.ctx.metrics.proxied("attach_forbidden");
+            return status(
+                StatusCode::FORBIDDEN,
+                &format!(
+                    "member {}'s agent ServiceAccount no longer exists; it must register again",
+                    m.name
+                ),
+            );
+        }
+        None => {
+            return status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "this leader replica is still reading the members' identities; retry shortly",
+            );
+        }
+    }
     let Some(key) = registered_key(&mc).map(str::to_string) else {
         sh.ctx.metrics.proxied("attach_unproven");
         return status(

@@ -1,0 +1,600 @@
+//! Member access attacked, on real clusters: a leader whose kube-apiserver runs the aggregation
+//! layer, its controller serving `proxy.multicluster.tether.dev` on the lab bridge (connection
+//! cap 300), and members east and west whose agents dial their tunnels out. Each scenario is
+//! what an attacker would try, and shows the refusal: a token minted for an agent taking over
+//! its tunnel, a second attach with the member's own key (replaced, with a Warning), a flood of
+//! idle connections, a peer without the front proxy's certificate, trickled request bodies, a
+//! malformed pass-through credential, forged audit fields, and revocation (the agent's
+//! ServiceAccount deleted, the member removed) closing the tunnel within 10 s.
+//!
+//! One fixture, scenarios run in order (revocations last), each reported as its own test.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::header::{CONNECTION, UPGRADE};
+use http::{Request, StatusCode};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::json;
+use tether_api::ManagedCluster;
+use tether_e2e::access::{apply, get, grant_proxy, leader_metric, through, wait_tunnel};
+use tether_e2e::fleet::{self, LeaderSide, MemberSide};
+use tether_e2e::sim::{HOME, join_token, ns_of};
+use tether_e2e::{Scenario, lab_scenarios};
+use tether_testkit::{TestCluster, eventually, free_port, lab};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Connections the leader's proxy port holds at once in this fixture.
+const MAX_CONNECTIONS: usize = 300;
+
+struct World {
+    leader: LeaderSide,
+    east: MemberSide,
+    west: MemberSide,
+    /// The serving replica's proxy address.
+    proxy: SocketAddr,
+}
+
+macro_rules! scenarios {
+    ($($f:ident),* $(,)?) => {
+        vec![$((stringify!($f), (|w| Box::pin($f(w))) as Scenario<World>)),*]
+    };
+}
+
+fn main() -> ExitCode {
+    lab_scenarios(
+        "the member-access attack tests",
+        setup,
+        scenarios![
+            a_token_minted_for_the_agent_cannot_take_over_its_tunnel,
+            an_attach_with_the_members_own_key_replaces_the_tunnel_with_a_warning,
+            a_malformed_member_credential_is_refused_not_sent_as_anonymous,
+            headers_that_set_the_members_audit_fields_are_stripped,
+            a_peer_without_the_front_proxy_certificate_gets_health_only_then_is_closed,
+            six_hundred_idle_connections_are_closed_within_30_s_without_a_restart,
+            trickled_request_bodies_are_bounded_and_others_are_served,
+            deleting_the_agents_service_account_closes_its_tunnel_within_10_s,
+            removing_a_member_closes_its_tunnel_within_10_s,
+        ],
+    )
+}
+
+async fn setup() -> World {
+    let cluster = TestCluster::builder("leader")
+        .start()
+        .await
+        .expect("leader cluster");
+    let port = free_port().expect("port");
+    let proxy = SocketAddr::from((lab::GATEWAY, port));
+    let cap = format!("--proxy-max-connections={MAX_CONNECTIONS}");
+    let leader = fleet::leader_with_proxy(
+        cluster,
+        json!({"heartbeatInterval": "2s", "gracePeriod": "6s"}),
+        proxy,
+        4,
+        &[&cap],
+    )
+    .await;
+    let token = join_token(&leader.admin).await;
+    let east =
+        fleet::member_with_args("east", &leader, &token, json!({}), &["--impersonate-users=alice"]).await;
+    let west =
+        fleet::member_with_args("west", &leader, &token, json!({}), &["--impersonate-users=alice"]).await;
+    for m in ["east", "west"] {
+        wait_tunnel(&leader, m, "True").await;
+    }
+    grant_proxy(&leader, "east", &["alice", "carol"]).await;
+    grant_proxy(&leader, "west", &["alice"]).await;
+    for m in [&east, &west] {
+        allow_alice(m).await;
+    }
+    World {
+        leader,
+        east,
+        west,
+        proxy,
+    }
+}
+
+/// Member side: the agent may impersonate tether:prod:alice, who may read namespaces (the
+/// members run no controller-manager, so the aggregated `view` role is empty).
+async fn allow_alice(m: &MemberSide) {
+    let c = &m.admin;
+    apply(c, None, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "tether-agent-impersonate"},
+        "rules": [{"apiGroups": [""], "resources": ["users"], "verbs": ["impersonate"], "resourceNames": ["tether:prod:alice"]}]})).await;
+    apply(c, None, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "tether-agent-impersonate"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tether-agent-impersonate"},
+        "subjects": [{"kind": "ServiceAccount", "name": "tether-agent", "namespace": "tether-system"}]})).await;
+    apply(
+        c,
+        None,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "namespace-reader"},
+        "rules": [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list"]}]}),
+    )
+    .await;
+    apply(c, None, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "alice-reads-namespaces"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "namespace-reader"},
+        "subjects": [{"kind": "User", "name": "tether:prod:alice", "apiGroup": "rbac.authorization.k8s.io"}]}))
+    .await;
+}
+
+/// Waits until leader user alice lists member `name`'s namespaces through the leader.
+async fn alice_is_served(w: &World, name: &str) {
+    let alice = through(&w.leader, "alice", None, name).await;
+    eventually(
+        &format!("alice is served by {name}"),
+        Duration::from_secs(60),
+        || async {
+            get(&alice, "/api/v1/namespaces", &[])
+                .await
+                .map_err(|e| format!("{e:?}"))
+        },
+    )
+    .await;
+}
+
+/// A token of member `name`'s agent ServiceAccount on the leader, minted by the leader's admin.
+async fn minted_agent_token(w: &World, name: &str) -> String {
+    Api::<ServiceAccount>::namespaced(w.leader.admin.clone(), &ns_of(name))
+        .create_token_request("tether-agent", &PostParams::default(), &TokenRequest::default())
+        .await
+        .expect("token request")
+        .status
+        .expect("status")
+        .token
+}
+
+/// GETs member `name`'s attach path with `token`, with a proof and an upgrade as asked; the
+/// status, the body (when not upgraded) and the upgraded connection (when it was).
+async fn attach(
+    w: &World,
+    token: &str,
+    name: &str,
+    proof: Option<&str>,
+    upgrade: bool,
+) -> (StatusCode, String, Option<hyper::upgrade::Upgraded>) {
+    let c = w.leader.cluster.client_with_token(token).expect("client");
+    let mut req = Request::get(tether_tunnel::attach_path(&ns_of(name), name));
+    if let Some(p) = proof {
+        req = req.header(tether_tunnel::proof::ATTACH_PROOF, p);
+    }
+    if upgrade {
+        req = req
+            .header(CONNECTION, "Upgrade")
+            .header(UPGRADE, tether_tunnel::UPGRADE_PROTOCOL);
+    }
+    let mut resp = c
+        .send(req.body(kube::client::Body::empty()).expect("request"))
+        .await
+        .expect("send");
+    let code = resp.status();
+    if code == StatusCode::SWITCHING_PROTOCOLS {
+        let up = hyper::upgrade::on(&mut resp).await.expect("upgraded");
+        return (code, String::new(), Some(up));
+    }
+    let body = tether_tunnel::pipe::collect_limited(resp.into_body(), 16 * 1024).await;
+    (code, String::from_utf8_lossy(&body).to_string(), None)
+}
+
+async fn a_token_minted_for_the_agent_cannot_take_over_its_tunnel(w: &World) {
+    let token = minted_agent_token(w, "east").await;
+    let (code, body, up) = attach(w, &token, "east", None, true).await;
+    assert!(
+        up.is_none(),
+        "a minted agent token attached east's tunnel without the member's key"
+    );
+    assert_eq!(code, StatusCode::FORBIDDEN, "{body}");
+    assert!(body.contains("proof of its registered key"), "{body}");
+
+    // The challenge is sealed to east's key: the attacker's own key cannot open it.
+    let (code, body, _) = attach(w, &token, "east", None, false).await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let challenge: tether_tunnel::proof::Challenge = serde_json::from_str(&body).expect("challenge");
+    let (mine, _) = tether_seal::generate_keypair();
+    assert!(tether_seal::unseal_text(&challenge.sealed, &mine).is_err());
+    for forged in [
+        "1733270000.0123456789abcdef0123456789abcdef.00".to_string(),
+        format!("{}.0123456789abcdef0123456789abcdef.{}", now(), "ab".repeat(32)),
+        "garbage".to_string(),
+    ] {
+        let (code, body, up) = attach(w, &token, "east", Some(&forged), true).await;
+        assert!(
+            up.is_none() && code == StatusCode::FORBIDDEN,
+            "{forged}: {code} {body}"
+        );
+    }
+    // The real agent still serves, and nothing replaced its tunnel.
+    alice_is_served(w, "east").await;
+    let replaced = leader_metric(&w.leader, "tether_leader_tunnel_replacements_total").await;
+    assert_eq!(replaced, 0.0, "no tunnel was replaced");
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// East's private key, as the holder of the member's key (its admin) would read it.
+async fn east_key(w: &World) -> String {
+    let s = Api::<Secret>::namespaced(w.east.admin.clone(), HOME)
+        .get(tether_agent::state::KEY_SECRET)
+        .await
+        .expect("key Secret");
+    String::from_utf8(s.data.expect("data")["identity"].0.clone()).expect("key text")
+}
+
+async fn an_attach_with_the_members_own_key_replaces_the_tunnel_with_a_warning(w: &World) {
+    let token = minted_agent_token(w, "east").await;
+    let key = east_key(w).await;
+    let (_, body, _) = attach(w, &token, "east", None, false).await;
+    let challenge: tether_tunnel::proof::Challenge = serde_json::from_str(&body).expect("challenge");
+    let text = tether_seal::unseal_text(&challenge.sealed, &key).expect("east's key opens it");
+    let proof = tether_tunnel::proof::token_in(&text, &ns_of("east"), "east").expect("a challenge for east");
+    let (code, body, up) = attach(w, &token, "east", Some(proof), true).await;
+    assert_eq!(code, StatusCode::SWITCHING_PROTOCOLS, "{body}");
+    let (code, body, _) = attach(w, &token, "east", Some(proof), true).await;
+    assert!(
+        code == StatusCode::FORBIDDEN && body.contains("used already"),
+        "a proof is single-use: {code} {body}"
+    );
+    let replaced = leader_metric(&w.leader, "tether_leader_tunnel_replacements_total").await;
+    assert_eq!(replaced, 1.0, "the replacement is counted");
+    eventually(
+        "a TunnelReplaced Warning on east",
+        Duration::from_secs(15),
+        || async {
+            let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(
+                w.leader.admin.clone(),
+                &ns_of("east"),
+            )
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+            events
+                .items
+                .iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("TunnelReplaced") && e.type_.as_deref() == Some("Warning")
+                })
+                .map(drop)
+                .ok_or_else(|| format!("{} events, none TunnelReplaced", events.items.len()))
+        },
+    )
+    .await;
+    drop(up);
+    // The agent's own tunnel was closed by the replacement; it redials and serves again.
+    alice_is_served(w, "east").await;
+}
+
+async fn a_malformed_member_credential_is_refused_not_sent_as_anonymous(w: &World) {
+    let carol = through(&w.leader, "carol", None, "east").await;
+    // NB: /version is readable by system:anonymous: forwarded as anonymous, it would answer 200.
+    for bad in ["", "Bearer ", "Basic Y2Fyb2w6c2VjcmV0", "Token abc", "Bearer a b"] {
+        let err = get(&carol, "/version", &[("tether-member-authorization", bad)]).await;
+        match err {
+            Err((401, msg)) => assert!(msg.contains("Bearer <token>"), "{bad:?}: {msg}"),
+            other => panic!("{bad:?} must be refused with 401, got {other:?}"),
+        }
+    }
+}
+
+async fn headers_that_set_the_members_audit_fields_are_stripped(w: &World) {
+    let alice = through(&w.leader, "alice", None, "east").await;
+    let marker = format!("audit-marker-{}", now());
+    let chosen = format!("chosen-by-alice-{}", now());
+    let forged = "203.0.113.66";
+    let _ = get(
+        &alice,
+        &format!("/api/v1/namespaces/{marker}"),
+        &[
+            ("x-forwarded-for", forged),
+            ("x-real-ip", forged),
+            ("audit-id", &chosen),
+        ],
+    )
+    .await;
+    let event = eventually(
+        "the request in east's audit log",
+        Duration::from_secs(15),
+        || async {
+            let log = std::fs::read_to_string(w.east.cluster.audit_log()).map_err(|e| e.to_string())?;
+            log.lines()
+                .filter(|l| l.contains(&marker))
+                .find(|l| l.contains("\"ResponseComplete\""))
+                .map(str::to_string)
+                .ok_or_else(|| "not yet".to_string())
+        },
+    )
+    .await;
+    let ev: serde_json::Value = serde_json::from_str(&event).expect("audit event");
+    let ips = ev["sourceIPs"].to_string();
+    assert!(
+        !ips.contains(forged),
+        "the caller chose the member's source IPs: {ips}"
+    );
+    assert_ne!(
+        ev["auditID"].as_str(),
+        Some(chosen.as_str()),
+        "the caller chose the audit ID"
+    );
+    assert_eq!(
+        ev["user"]["username"].as_str(),
+        Some("system:serviceaccount:tether-system:tether-agent")
+    );
+    assert_eq!(
+        ev["impersonatedUser"]["username"].as_str(),
+        Some("tether:prod:alice")
+    );
+}
+
+/// A TLS client of the proxy port that trusts the serving CA and presents no certificate.
+async fn anonymous_tls(w: &World) -> tokio_rustls::TlsConnector {
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    let secret = Api::<Secret>::namespaced(w.leader.admin.clone(), HOME)
+        .get("tether-leader-proxy-serving")
+        .await
+        .expect("proxy serving Secret");
+    let ca = secret.data.expect("data")["ca.crt"].0.clone();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(&ca) {
+        roots.add(c.expect("CA")).expect("CA");
+    }
+    let config =
+        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+/// Sends `path` as a keep-alive HTTP/1.1 GET without a client certificate; what was read until
+/// the server closed, or `None` when it kept the connection open for 15 s.
+async fn anonymous_get(w: &World, path: &str) -> Option<String> {
+    let tls = anonymous_tls(w).await;
+    let name =
+        rustls::pki_types::ServerName::try_from(format!("tether-leader-proxy.{HOME}.svc")).expect("name");
+    let tcp = tokio::net::TcpStream::connect(w.proxy).await.expect("connect");
+    let mut s = tls
+        .connect(name, tcp)
+        .await
+        .expect("TLS without a client certificate");
+    let host = w.proxy;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(15), s.read_to_end(&mut out)).await;
+    read.is_ok().then(|| String::from_utf8_lossy(&out).to_string())
+}
+
+async fn a_peer_without_the_front_proxy_certificate_gets_health_only_then_is_closed(w: &World) {
+    let health = anonymous_get(w, "/healthz")
+        .await
+        .expect("closed after the health answer");
+    assert!(
+        health.starts_with("HTTP/1.1 200") && health.ends_with("ok"),
+        "{health}"
+    );
+    let api = format!("/apis/{}/{}", tether_tunnel::GROUP, tether_tunnel::VERSION);
+    let refused = anonymous_get(w, &api).await.expect("closed after the refusal");
+    assert!(refused.starts_with("HTTP/1.1 401"), "{refused}");
+}
+
+async fn six_hundred_idle_connections_are_closed_within_30_s_without_a_restart(w: &World) {
+    let pid = w.leader.controller.pid();
+    let refused_before = leader_metric(&w.leader, "tether_leader_proxy_connections_refused_total").await;
+    let started = Instant::now();
+    let mut conns = Vec::new();
+    for _ in 0..600 {
+        conns.push(tokio::net::TcpStream::connect(w.proxy).await.expect("connect"));
+    }
+    let opened = started.elapsed();
+    // Each never sends a byte; each must see its connection closed within 30 s of the start.
+    let waits = conns.into_iter().map(|mut c| async move {
+        let mut buf = [0u8; 64];
+        let left = Duration::from_secs(30).saturating_sub(started.elapsed());
+        match tokio::time::timeout(left, c.read(&mut buf)).await {
+            Ok(_) => Some(started.elapsed()),
+            Err(_) => None,
+        }
+    });
+    let closed: Vec<Option<Duration>> = futures::future::join_all(waits).await;
+    let open = closed.iter().filter(|c| c.is_none()).count();
+    let last = closed.iter().flatten().max().copied().unwrap_or_default();
+    eprintln!("600 idle connections opened in {opened:?}; all closed by {last:?}, {open} still open at 30 s");
+    assert_eq!(open, 0, "idle connections held past 30 s");
+    let refused = leader_metric(&w.leader, "tether_leader_proxy_connections_refused_total").await;
+    assert!(
+        refused - refused_before >= (600 - MAX_CONNECTIONS) as f64,
+        "past the cap of {MAX_CONNECTIONS}, connections are closed at once: {refused_before} → {refused}"
+    );
+    assert_eq!(w.leader.controller.pid(), pid);
+    assert!(w.leader.cluster.pid("kube-apiserver").is_some());
+    alice_is_served(w, "east").await;
+}
+
+/// What one trickled POST got: its status, or why it got none.
+async fn trickled_post(w: &World, path: &str) -> Result<u16, String> {
+    use kube::client::ConfigExt;
+    let config = w
+        .leader
+        .cluster
+        .user_config("alice", None)
+        .await
+        .expect("user config");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config.rustls_client_config().expect("tls config")));
+    let host = config.cluster_url.host().expect("host").to_string();
+    let port = config.cluster_url.port_u16().expect("port");
+    let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let server = rustls::pki_types::ServerName::try_from(host.clone()).expect("server name");
+    let s = tls.connect(server, tcp).await.map_err(|e| e.to_string())?;
+    let (mut rd, mut wr) = tokio::io::split(s);
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        3 * 1024 * 1024
+    );
+    let writer = async move {
+        wr.write_all(head.as_bytes()).await?;
+        wr.write_all(&vec![b' '; 1024 * 1024]).await?;
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            wr.write_all(&[b' '; 1024]).await?;
+        }
+        #[allow(unreachable_code)]
+        Ok::<(), std::io::Error>(())
+    };
+    let reader = async move {
+        let mut buf = vec![0u8; 4096];
+        let n = rd.read(&mut buf).await.map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&buf[..n]).to_string();
+        text.split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse::<u16>().ok())
+            .ok_or_else(|| format!("no status line: {text:?}"))
+    };
+    tokio::select! {
+        r = tokio::time::timeout(Duration::from_secs(45), reader) => r.map_err(|_| "no answer within 45 s".to_string())?,
+        w = writer => Err(format!("the connection closed while sending: {w:?}")),
+    }
+}
+
+async fn trickled_request_bodies_are_bounded_and_others_are_served(w: &World) {
+    let agent = w.east.agent.as_ref().expect("east's agent").pid();
+    let before = tether_e2e::scale::rss_mib(agent, "VmRSS");
+    let path = format!(
+        "{}/api/v1/namespaces/default/configmaps",
+        tether_tunnel::proxy_path(&ns_of("east"), "east")
+    );
+    let posts: Vec<_> = (0..32).map(|_| trickled_post(w, &path)).collect();
+    let attack = futures::future::join_all(posts);
+    tokio::pin!(attack);
+    // While they trickle: another caller is served, east stays Ready, the agent's memory is read.
+    let alice = through(&w.leader, "alice", None, "east").await;
+    let mut peak = before;
+    let mut served = Vec::new();
+    let results = loop {
+        tokio::select! {
+            r = &mut attack => break r,
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {
+                peak = peak.max(tether_e2e::scale::rss_mib(agent, "VmRSS"));
+                let t = Instant::now();
+                let ok = get(&alice, "/api/v1/namespaces/default", &[]).await.is_ok();
+                served.push((ok, t.elapsed()));
+            }
+        }
+    };
+    let codes: Vec<String> = results.iter().map(|r| format!("{r:?}")).collect();
+    eprintln!(
+        "32 trickled 3 MiB bodies: {codes:?}; agent RSS {before:.1} MiB before, peak {peak:.1} MiB; \
+         other caller: {served:?}"
+    );
+    assert!(
+        results.iter().all(|r| matches!(r, Ok(408 | 429))),
+        "every trickle is answered 408 or 429: {codes:?}"
+    );
+    assert!(
+        results.iter().any(|r| matches!(r, Ok(429))),
+        "past the byte budget: 429: {codes:?}"
+    );
+    assert!(
+        peak < 64.0,
+        "the agent stays under its 64 MiB limit: peak {peak:.1} MiB"
+    );
+    assert!(
+        !served.is_empty() && served.iter().all(|(ok, t)| *ok && *t < Duration::from_secs(2)),
+        "{served:?}"
+    );
+    let mc = Api::<ManagedCluster>::namespaced(w.leader.admin.clone(), &ns_of("east"))
+        .get("east")
+        .await
+        .expect("east");
+    let ready = mc
+        .status
+        .as_ref()
+        .and_then(|s| {
+            tether_api::conditions::find(&s.conditions, tether_api::conditions::ConditionType::Ready)
+        })
+        .map(|c| c.status.clone());
+    assert_eq!(ready.as_deref(), Some("True"), "east's heartbeats kept it Ready");
+}
+
+/// Waits until the leader's revocation counter for `reason` rises above `before`; how long it took.
+async fn revoked(w: &World, reason: &str, before: f64, since: Instant) -> Duration {
+    let series = format!("tether_leader_tunnel_revocations_total{{reason=\"{reason}\"}}");
+    eventually(
+        &format!("a {reason} revocation"),
+        Duration::from_secs(10),
+        || async {
+            let (_, text) = w
+                .leader
+                .controller
+                .admin_get("/metrics")
+                .await
+                .map_err(|e| e.to_string())?;
+            let now = tether_e2e::scale::metric(&text, &series).unwrap_or(0.0);
+            if now > before {
+                Ok(since.elapsed())
+            } else {
+                Err(format!("{series} = {now}"))
+            }
+        },
+    )
+    .await
+}
+
+async fn revocations(w: &World, reason: &str) -> f64 {
+    let (_, text) = w.leader.controller.admin_get("/metrics").await.expect("metrics");
+    tether_e2e::scale::metric(
+        &text,
+        &format!("tether_leader_tunnel_revocations_total{{reason=\"{reason}\"}}"),
+    )
+    .unwrap_or(0.0)
+}
+
+async fn deleting_the_agents_service_account_closes_its_tunnel_within_10_s(w: &World) {
+    let before = revocations(w, "identity_deleted").await;
+    let since = Instant::now();
+    Api::<ServiceAccount>::namespaced(w.leader.admin.clone(), &ns_of("east"))
+        .delete("tether-agent", &DeleteParams::default())
+        .await
+        .expect("delete east's agent ServiceAccount");
+    let took = revoked(w, "identity_deleted", before, since).await;
+    eprintln!("east's tunnel closed {took:?} after its agent ServiceAccount was deleted");
+    assert!(took <= Duration::from_secs(10));
+    // Nothing restarted: the agent registers again as the same member and is served again.
+    alice_is_served(w, "east").await;
+    assert!(w.east.agent.as_ref().is_some());
+}
+
+async fn removing_a_member_closes_its_tunnel_within_10_s(w: &World) {
+    let alice = through(&w.leader, "alice", None, "west").await;
+    get(&alice, "/api/v1/namespaces", &[])
+        .await
+        .expect("west served before");
+    let before = revocations(w, "member_removed").await;
+    let since = Instant::now();
+    Api::<ManagedCluster>::namespaced(w.leader.admin.clone(), &ns_of("west"))
+        .delete("west", &DeleteParams::default())
+        .await
+        .expect("remove west");
+    let took = revoked(w, "member_removed", before, since).await;
+    eprintln!("west's tunnel closed {took:?} after its ManagedCluster was deleted");
+    assert!(took <= Duration::from_secs(10));
+    let err = get(&alice, "/api/v1/namespaces", &[])
+        .await
+        .expect_err("west is not served once removed");
+    assert!(matches!(err.0, 403 | 404 | 503), "{err:?}");
+    assert!(w.west.agent.is_some(), "nothing was restarted");
+}
