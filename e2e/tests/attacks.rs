@@ -53,6 +53,7 @@ fn main() -> ExitCode {
             a_token_minted_for_the_agent_cannot_take_over_its_tunnel,
             an_attach_with_the_members_own_key_replaces_the_tunnel_with_a_warning,
             a_malformed_member_credential_is_refused_not_sent_as_anonymous,
+            a_passed_through_member_token_is_not_readable_in_the_leaders_logs,
             headers_that_set_the_members_audit_fields_are_stripped,
             a_peer_without_the_front_proxy_certificate_gets_health_only_then_is_closed,
             six_hundred_idle_connections_are_closed_within_30_s_without_a_restart,
@@ -64,7 +65,9 @@ fn main() -> ExitCode {
 }
 
 async fn setup() -> World {
+    // NB: --v=7: the aggregator's client-go transport logs the request headers it forwards.
     let cluster = TestCluster::builder("leader")
+        .verbosity(7)
         .start()
         .await
         .expect("leader cluster");
@@ -287,6 +290,22 @@ async fn a_malformed_member_credential_is_refused_not_sent_as_anonymous(w: &Worl
     }
 }
 
+async fn a_passed_through_member_token_is_not_readable_in_the_leaders_logs(w: &World) {
+    let carol = through(&w.leader, "carol", None, "east").await;
+    let marker = format!("leakcheck{}", now());
+    let bearer = format!("Bearer {marker}");
+    let err = get(&carol, "/api/v1/namespaces", &[("tether-member-authorization", &bearer)]).await;
+    assert!(matches!(err, Err((401, _))), "east refuses the made-up token: {err:?}");
+    let log = w.leader.cluster.log_of("kube-apiserver");
+    let _ = std::fs::write("/tmp/leader-apiserver.log", &log);
+    assert!(
+        log.contains("\"Request\"") && log.contains("headers=<"),
+        "the leader's API server logs the request headers it forwards at --v=7"
+    );
+    let leaked: Vec<&str> = log.lines().filter(|l| l.contains(&marker)).collect();
+    assert!(leaked.is_empty(), "the member token is readable in the leader's API server log: {leaked:?}");
+}
+
 async fn headers_that_set_the_members_audit_fields_are_stripped(w: &World) {
     let alice = through(&w.leader, "alice", None, "east").await;
     let marker = format!("audit-marker-{}", now());
@@ -392,7 +411,7 @@ async fn a_peer_without_the_front_proxy_certificate_gets_health_only_then_is_clo
 
 async fn six_hundred_idle_connections_are_closed_within_30_s_without_a_restart(w: &World) {
     let pid = w.leader.controller.pid();
-    let refused_before = leader_metric(&w.leader, "tether_leader_proxy_connections_refused_total").await;
+    let refused_before = counter(w, "tether_leader_proxy_connections_refused_total").await;
     let started = Instant::now();
     let mut conns = Vec::new();
     for _ in 0..600 {
@@ -413,7 +432,7 @@ async fn six_hundred_idle_connections_are_closed_within_30_s_without_a_restart(w
     let last = closed.iter().flatten().max().copied().unwrap_or_default();
     eprintln!("600 idle connections opened in {opened:?}; all closed by {last:?}, {open} still open at 30 s");
     assert_eq!(open, 0, "idle connections held past 30 s");
-    let refused = leader_metric(&w.leader, "tether_leader_proxy_connections_refused_total").await;
+    let refused = counter(w, "tether_leader_proxy_connections_refused_total").await;
     assert!(
         refused - refused_before >= (600 - MAX_CONNECTIONS) as f64,
         "past the cap of {MAX_CONNECTIONS}, connections are closed at once: {refused_before} → {refused}"
@@ -555,12 +574,13 @@ async fn revoked(w: &World, reason: &str, before: f64, since: Instant) -> Durati
 }
 
 async fn revocations(w: &World, reason: &str) -> f64 {
+    counter(w, &format!("tether_leader_tunnel_revocations_total{{reason=\"{reason}\"}}")).await
+}
+
+/// The leader's counter `series`, 0 while it has not counted anything.
+async fn counter(w: &World, series: &str) -> f64 {
     let (_, text) = w.leader.controller.admin_get("/metrics").await.expect("metrics");
-    tether_e2e::scale::metric(
-        &text,
-        &format!("tether_leader_tunnel_revocations_total{{reason=\"{reason}\"}}"),
-    )
-    .unwrap_or(0.0)
+    tether_e2e::scale::metric(&text, series).unwrap_or(0.0)
 }
 
 async fn deleting_the_agents_service_account_closes_its_tunnel_within_10_s(w: &World) {

@@ -36,9 +36,17 @@ pub struct ClusterBuilder {
     root: Option<PathBuf>,
     nodes: usize,
     request_timeout: Option<Duration>,
+    verbosity: u8,
 }
 
 impl ClusterBuilder {
+    /// kube-apiserver's log verbosity (`--v`, default 1), e.g. 7 to see the request headers
+    /// its client-go transports log (the aggregator's proxy among them).
+    pub fn verbosity(mut self, v: u8) -> Self {
+        self.verbosity = v;
+        self
+    }
+
     /// The API server's `--request-timeout` (default: its own, 60 s), e.g. to prove that
     /// long-running requests outlive it.
     pub fn request_timeout(mut self, t: Duration) -> Self {
@@ -145,6 +153,7 @@ impl TestCluster {
             root: None,
             nodes: 0,
             request_timeout: None,
+            verbosity: 1,
         }
     }
 
@@ -230,7 +239,8 @@ impl TestCluster {
                 d.join("sa.key").display()
             ))
             .arg("--service-cluster-ip-range=10.0.0.0/24")
-            .args(["--allow-privileged=true", "--profiling=false", "--v=1"]);
+            .args(["--allow-privileged=true", "--profiling=false"])
+            .arg(format!("--v={}", opts.verbosity));
         // The aggregation layer, as kubeadm sets it up: a front-proxy CA of its own, and routing
         // to an APIService's endpoints (no kube-proxy runs beside these API servers).
         let front = Pki::generate(&format!("{}-front-proxy", opts.name))?;
@@ -666,6 +676,15 @@ impl TestCluster {
             name: self.name.clone(),
             what: format!("cannot send {signal} to etcd: {e}"),
         })
+    }
+
+    /// The whole log of process `name` (`kube-apiserver`, `etcd`, …) as it is now.
+    pub fn log_of(&self, name: &str) -> String {
+        self.procs
+            .iter()
+            .find(|p| p.name() == name)
+            .and_then(|p| std::fs::read_to_string(p.log()).ok())
+            .unwrap_or_default()
     }
 
     /// The last lines of every process log, for a failure message.
