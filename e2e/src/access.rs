@@ -123,3 +123,22 @@ pub async fn leader_metric(leader: &LeaderSide, series: &str) -> f64 {
     crate::scale::metric(&text, series)
         .unwrap_or_else(|| panic!("no {series} in the leader's metrics:\n{text}"))
 }
+
+/// `token` as leader user `user` passes it through to member `name`: sealed to the key the
+/// member registered (read from its ManagedCluster), now.
+pub async fn sealed(leader: &LeaderSide, name: &str, user: &str, token: &str) -> String {
+    let mc = managed(&leader.admin, name).await.expect("member");
+    let key = mc
+        .annotations()
+        .get(tether_api::annotations::PUBLIC_KEY)
+        .cloned()
+        .expect("registered key");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    tether_tunnel::passthrough::seal(&key, &ns_of(name), name, user, token, now)
+        .expect("seal")
+        .to_str()
+        .expect("text")
+        .to_string()
+}

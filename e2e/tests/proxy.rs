@@ -25,7 +25,7 @@ use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use tether_e2e::access::{apply, get, grant_proxy, leader_metric, through, wait_tunnel};
+use tether_e2e::access::{apply, get, grant_proxy, leader_metric, sealed, through, wait_tunnel};
 use tether_e2e::fleet::{self, LeaderSide, MemberSide};
 use tether_e2e::sim::{HOME, join_token, ns_of};
 use tether_testkit::{TestCluster, eventually, free_port, lab};
@@ -144,7 +144,7 @@ async fn member_access() {
     let reader = member_token(&east, "reader").await;
     let nobody = member_token(&east, "nobody").await;
     let carol = through(&leader, "carol", None, "east").await;
-    let bearer = format!("Bearer {reader}");
+    let bearer = sealed(&leader, "east", "carol", &reader).await;
     get(
         &carol,
         "/api/v1/namespaces",
@@ -152,7 +152,18 @@ async fn member_access() {
     )
     .await
     .expect("the reader token lists namespaces");
-    let bearer = format!("Bearer {nobody}");
+    let err = get(
+        &alice,
+        "/api/v1/namespaces",
+        &[("tether-member-authorization", &bearer)],
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.0 == 401 && err.1.contains("another leader user"),
+        "carol's sealed token is hers alone: {err:?}"
+    );
+    let bearer = sealed(&leader, "east", "carol", &nobody).await;
     let err = get(
         &carol,
         "/api/v1/namespaces",
@@ -230,6 +241,28 @@ async fn member_access() {
             "east",
             "--member-namespace",
             &east_ns,
+            "--",
+            "get",
+            "ns",
+            "-o",
+            "name",
+        ],
+    );
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("namespace/kube-system"),
+        "{o:?}"
+    );
+    // Pass-through by a user who may not read the ManagedCluster: the key comes from the leader.
+    let reader_file = token_file("reader-alice", &reader);
+    let o = tether_as(
+        &alice_kubeconfig,
+        &[
+            "--cluster",
+            "east",
+            "--member-namespace",
+            &east_ns,
+            "--member-token-file",
+            reader_file.to_str().expect("path"),
             "--",
             "get",
             "ns",

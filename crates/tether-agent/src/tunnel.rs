@@ -19,8 +19,9 @@ use kube::Client;
 use kube::client::Body as KubeBody;
 use rand::Rng;
 use tether_tunnel::headers::{self, MEMBER_AUTHORIZATION, REMOTE_GROUP, REMOTE_USER, strip_untrusted};
-use tether_tunnel::identity::{AllowList, Caller, bearer, impersonate};
+use tether_tunnel::identity::{AllowList, Caller, impersonate};
 use tether_tunnel::limits::{Budget, Streams};
+use tether_tunnel::passthrough;
 use tether_tunnel::pipe::{self, Body};
 use tether_tunnel::proof::{self, ATTACH_PROOF, Challenge, Renewed};
 use tether_tunnel::{UPGRADE_PROTOCOL, attach_path, status};
@@ -92,11 +93,14 @@ pub struct Attach {
     pub key: String,
 }
 
-/// Who this member is, for impersonation names and messages.
+/// Who this member is, for impersonation names, sealed credentials and messages. No `Debug`:
+/// it holds the private key.
 #[derive(Clone)]
 struct Member {
     set: String,
+    namespace: String,
     name: String,
+    key: String,
     access: MemberAccess,
     streams: Streams,
 }
@@ -119,7 +123,9 @@ pub async fn run(
                 info!(namespace = %at.namespace, "Tunnel to the leader attached");
                 let m = Member {
                     set: at.set.clone(),
+                    namespace: at.namespace.clone(),
                     name: at.name.clone(),
+                    key: at.key.clone(),
                     access: access.clone(),
                     streams: Streams::new(MAX_STREAMS),
                 };
@@ -399,7 +405,8 @@ async fn forward(req: Request<Incoming>, m: Member) -> Result<Response<Body>, In
 }
 
 /// Decides as whom a stream reaches the member, and sets the headers for it: the caller's own
-/// member credential when one is passed (a well-formed Bearer token, else 401), or else the
+/// member credential when one is passed (sealed to this member's key by that caller, recently,
+/// holding a well-formed Bearer token, else 401), or else the
 /// allow-listed, prefixed impersonation of the leader-verified caller (else 403). Every header
 /// the caller could forge is gone afterwards. Returns the client to send with.
 fn authorize<'a>(headers: &mut http::HeaderMap, m: &'a Member) -> Result<&'a Client, (StatusCode, String)> {
@@ -414,16 +421,19 @@ fn authorize<'a>(headers: &mut http::HeaderMap, m: &'a Member) -> Result<&'a Cli
     let member_credential = headers.remove(MEMBER_AUTHORIZATION);
     strip_untrusted(headers, false);
     if let Some(credential) = member_credential {
-        // NB: an empty or non-Bearer Authorization is system:anonymous to the member.
-        let value = bearer(&credential).and_then(|t| HeaderValue::from_str(&format!("Bearer {t}")).ok());
-        let Some(value) = value else {
-            return Err((
+        // NB: only a sealed, well-formed bearer token: an empty or non-Bearer Authorization is
+        // system:anonymous to the member, and a plain one crossed the leader readable.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let token = passthrough::open(&credential, &m.key, &m.namespace, &m.name, &caller.user, now)
+            .map_err(|refusal| (StatusCode::UNAUTHORIZED, refusal.to_string()))?;
+        let value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+            (
                 StatusCode::UNAUTHORIZED,
-                "the member credential (Tether-Member-Authorization) must be `Bearer <token>`; \
-                 nothing was sent to the member"
-                    .into(),
-            ));
-        };
+                "the member credential is not a valid header".into(),
+            )
+        })?;
         headers.insert(AUTHORIZATION, value);
         return Ok(&m.access.bare);
     }

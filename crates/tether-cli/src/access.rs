@@ -64,6 +64,8 @@ struct Located {
     namespace: String,
     /// Its ClusterSet, when the user may read its ManagedCluster.
     set: Option<String>,
+    /// Its registered key, when the user may read its ManagedCluster.
+    recipient: Option<String>,
 }
 
 impl Located {
@@ -86,11 +88,13 @@ async fn find_member(target: &Target, m: MemberRef<'_>) -> anyhow::Result<Locate
         return match Api::<ManagedCluster>::namespaced(client, ns).get(name).await {
             Ok(mc) => Ok(Located {
                 namespace: ns.to_string(),
+                recipient: recipient_of(&mc),
                 set: Some(mc.spec.cluster_set),
             }),
             Err(kube::Error::Api(s)) if s.code == 403 => Ok(Located {
                 namespace: ns.to_string(),
                 set: m.set.map(str::to_string),
+                recipient: None,
             }),
             Err(kube::Error::Api(s)) if s.code == 404 => bail!(
                 "no member {name:?} in namespace {ns} on this leader: `kubectl get mcls -A` (or your \
@@ -118,6 +122,7 @@ async fn find_member(target: &Target, m: MemberRef<'_>) -> anyhow::Result<Locate
         ),
         (Some(one), true) => Ok(Located {
             namespace: one.namespace().unwrap_or_default(),
+            recipient: recipient_of(&one),
             set: Some(one.spec.cluster_set),
         }),
         (Some(last), false) => {
@@ -132,6 +137,11 @@ async fn find_member(target: &Target, m: MemberRef<'_>) -> anyhow::Result<Locate
             )
         }
     }
+}
+
+/// The key member `mc` registered with (what pass-through credentials are sealed to).
+fn recipient_of(mc: &ManagedCluster) -> Option<String> {
+    mc.annotations().get(tether_api::annotations::PUBLIC_KEY).cloned()
 }
 
 /// A kubeconfig that reaches member `name` through the leader with the current credentials.
@@ -263,7 +273,11 @@ pub async fn kubectl(
             let token = passthrough::read_member_token(file)?;
             let found = find_member(target, member).await?;
             let base = tether_tunnel::proxy_path(&found.namespace, member.name);
-            let (endpoint, task) = passthrough::start(target.client().await?, base, &token).await?;
+            let leader = target.client().await?;
+            let sealing =
+                passthrough::Sealing::find(&leader, &found.namespace, member.name, found.recipient.clone())
+                    .await?;
+            let (endpoint, task) = passthrough::start(leader, base, &token, sealing).await?;
             local = Some(task);
             local_kubeconfig(&endpoint, &found.entry(member.name))?
         }

@@ -2,7 +2,9 @@
 //! `Tether-Member-Authorization` header, which kubectl cannot send; so `tether --cluster east
 //! --member-token-file t -- get ns` runs kubectl against a local endpoint that forwards each
 //! request to the member's proxy path on the leader, with the leader credentials of the
-//! kubeconfig and the member token in that header. The member's RBAC decides as that token.
+//! kubeconfig and the member token in that header, sealed for each request to the member's
+//! registered key with this leader user's name and the time (`tether_tunnel::passthrough`), so
+//! nothing on the leader can read it. The member's RBAC decides as that token.
 //!
 //! The endpoint listens on loopback only, speaks TLS with a CA made for this run, and accepts
 //! only a bearer token made for this run; kubectl gets both in a private (0600) kubeconfig, so
@@ -21,6 +23,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use kube::Client;
 use tether_tunnel::headers::{self, MEMBER_AUTHORIZATION};
+use tether_tunnel::passthrough;
 use tether_tunnel::pipe::{self, Body};
 use tether_tunnel::status;
 
@@ -39,14 +42,95 @@ pub struct Endpoint {
     pub token: String,
 }
 
+/// To whom, for which member and as which leader user a member token is sealed.
+#[derive(Clone, Debug)]
+pub struct Sealing {
+    /// The member's registered key.
+    pub recipient: String,
+    /// The member's namespace on the leader.
+    pub namespace: String,
+    /// The member's name.
+    pub name: String,
+    /// This leader user, as the leader's API server authenticates it.
+    pub user: String,
+}
+
+impl Sealing {
+    /// Finds what sealing for member `name` in `namespace` needs: this user's name (a
+    /// SelfSubjectReview), and the member's key, `recipient` when the caller could read it from
+    /// the ManagedCluster, else from the leader's answer to a GET of the member's `/version`.
+    pub async fn find(
+        leader: &Client,
+        namespace: &str,
+        name: &str,
+        recipient: Option<String>,
+    ) -> anyhow::Result<Self> {
+        use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+        let review = kube::Api::<SelfSubjectReview>::all(leader.clone())
+            .create(&kube::api::PostParams::default(), &SelfSubjectReview::default())
+            .await
+            .context("cannot ask the leader who you are (SelfSubjectReview)")?;
+        let user = review
+            .status
+            .and_then(|s| s.user_info)
+            .and_then(|u| u.username)
+            .context("the leader did not say who you are")?;
+        let recipient = match recipient {
+            Some(r) => r,
+            None => {
+                let path = format!("{}/version", tether_tunnel::proxy_path(namespace, name));
+                let req = Request::get(path)
+                    .body(kube::client::Body::empty())
+                    .context("cannot build a request")?;
+                let resp = leader.send(req).await.context("cannot reach the leader")?;
+                resp.headers()
+                    .get(passthrough::RECIPIENT)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string)
+                    .with_context(|| {
+                        format!(
+                            "the leader did not give member {name}'s key ({}): is it a member that \
+                             registered with this version, and may you use managedclusters/proxy in {namespace}?",
+                            resp.status()
+                        )
+                    })?
+            }
+        };
+        Ok(Self {
+            recipient,
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            user,
+        })
+    }
+
+    /// The header value for `token`, sealed now.
+    fn seal(&self, token: &str) -> anyhow::Result<HeaderValue> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        passthrough::seal(
+            &self.recipient,
+            &self.namespace,
+            &self.name,
+            &self.user,
+            token,
+            now,
+        )
+        .context("cannot seal the member token to the member's key")
+    }
+}
+
 /// Where requests go and with what.
 struct Forward {
     /// The leader, with the kubeconfig's credentials.
     leader: Client,
     /// The member's proxy path on the leader (no trailing slash).
     base: String,
-    /// `Bearer <member token>`.
-    member: HeaderValue,
+    /// The member token.
+    token: String,
+    /// How it is sealed.
+    sealing: Sealing,
     /// `Bearer <local token>`.
     local: Vec<u8>,
 }
@@ -65,14 +149,17 @@ pub fn read_member_token(path: &std::path::Path) -> anyhow::Result<String> {
 }
 
 /// Starts the local endpoint for the member at `base` (its proxy path on `leader`), passing
-/// `member_token` through; it serves until the returned task is dropped or aborted.
+/// `member_token` through, sealed as `sealing` says; it serves until the returned task is
+/// dropped or aborted.
 pub async fn start(
     leader: Client,
     base: String,
     member_token: &str,
+    sealing: Sealing,
 ) -> anyhow::Result<(Endpoint, tokio::task::JoinHandle<()>)> {
-    let member = HeaderValue::from_str(&format!("Bearer {member_token}"))
+    HeaderValue::from_str(&format!("Bearer {member_token}"))
         .context("the member token holds characters no HTTP header may carry")?;
+    sealing.seal(member_token)?;
     let token = local_token();
     let serving = tether_tunnel::cert::generate("tether-cli-local", "127.0.0.1", CERT_VALID)
         .context("cannot make the local endpoint's certificate")?;
@@ -84,7 +171,8 @@ pub async fn start(
     let forward = Arc::new(Forward {
         leader,
         base: base.trim_end_matches('/').to_string(),
-        member,
+        token: member_token.to_string(),
+        sealing,
         local: format!("Bearer {token}").into_bytes(),
     });
     let task = tokio::spawn(async move {
@@ -177,8 +265,12 @@ async fn handle(mut req: Request<Incoming>, f: &Forward) -> Response<Body> {
     let mut out = Request::builder()
         .method(parts.method.clone())
         .uri(format!("{}{path}", f.base));
+    let member = match f.sealing.seal(&f.token) {
+        Ok(v) => v,
+        Err(e) => return status(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e:#}")),
+    };
     if let Some(h) = out.headers_mut() {
-        *h = outgoing_headers(&parts.headers, &f.member, upgrade);
+        *h = outgoing_headers(&parts.headers, &member, upgrade);
     }
     // NB: kube's client takes whole request bodies; requests are small (the API server caps
     // them at 3 MiB), responses and upgraded streams are never buffered.

@@ -95,6 +95,19 @@ pub fn unseal_text(sealed: &str, identity: &str) -> Result<String, SealError> {
     String::from_utf8(plaintext).map_err(|_| SealError::NotText)
 }
 
+/// Seals `bytes` to `recipient` as a binary `age` message (for a header, base64-encoded).
+pub fn seal_binary(bytes: &[u8], recipient: &str) -> Result<Vec<u8>, SealError> {
+    let recipient = parse_recipient(recipient)?;
+    Ok(age::encrypt(&recipient, bytes)?)
+}
+
+/// Opens a binary `age` message sealed with `seal_binary`.
+pub fn unseal_binary(sealed: &[u8], identity: &str) -> Result<Vec<u8>, SealError> {
+    let identity =
+        age::x25519::Identity::from_str(identity).map_err(|e| SealError::InvalidIdentity(e.to_string()))?;
+    Ok(age::decrypt(&identity, sealed)?)
+}
+
 /// A new key pair: (private identity, public recipient), both as `age` strings.
 pub fn generate_keypair() -> (String, String) {
     use age::secrecy::ExposeSecret;

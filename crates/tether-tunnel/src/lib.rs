@@ -2,7 +2,7 @@
 //! leader's aggregated API lives and how its paths read (`route`), which headers carry the
 //! caller's identity across the tunnel and which are never trusted (`headers`), how a leader
 //! identity becomes a member impersonation (`identity`), how the agent proves the member's key
-//! at attach (`proof`), the bounds on what a caller can make an end hold (`limits`), and the
+//! at attach (`proof`), how a member credential crosses the leader sealed (`passthrough`), the bounds on what a caller can make an end hold (`limits`), and the
 //! byte plumbing of the tunnel (`pipe`): HTTP/2 with the leader as client and the agent as server, over a connection the
 //! agent opened through the leader's API server.
 
@@ -10,6 +10,7 @@ pub mod cert;
 pub mod headers;
 pub mod identity;
 pub mod limits;
+pub mod passthrough;
 pub mod pipe;
 pub mod proof;
 pub mod route;

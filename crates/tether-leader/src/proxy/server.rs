@@ -23,6 +23,7 @@ use tether_api::conditions::EventReason;
 use tether_api::{ManagedCluster, annotations, labels};
 use tether_tunnel::headers::{self, MEMBER_AUTHORIZATION, REMOTE_GROUP, REMOTE_USER, strip_untrusted};
 use tether_tunnel::identity::Caller;
+use tether_tunnel::passthrough;
 use tether_tunnel::pipe::{self, Body};
 use tether_tunnel::proof::{self, ATTACH_PROOF, Challenge, Renewed};
 use tether_tunnel::route::{Discovery, Route, route};
@@ -372,6 +373,7 @@ async fn proxy(
                 sh.ctx.metrics.proxied("ok");
                 let (mut p, b) = r.into_parts();
                 strip_untrusted(&mut p.headers, false);
+                recipient(&mut p.headers, sh, &m);
                 p.version = Version::HTTP_11;
                 Response::from_parts(p, pipe::boxed(b))
             }
@@ -428,10 +430,21 @@ async fn proxy(
             // NB: a non-101 answer to an upgrade closes the connection.
             sh.ctx.metrics.proxied("ok");
             strip_untrusted(&mut p.headers, false);
+            recipient(&mut p.headers, sh, &m);
             p.version = Version::HTTP_11;
             p.headers.insert(CONNECTION, HeaderValue::from_static("close"));
             Response::from_parts(p, pipe::boxed(from_member))
         }
+    }
+}
+
+/// Adds member `m`'s registered key to a proxied answer: callers seal the member credentials
+/// they pass through to it (`tether_tunnel::passthrough`). It is a public key, and a caller who
+/// may not read ManagedClusters learns it here.
+fn recipient(headers: &mut http::HeaderMap, sh: &Shared, m: &MemberKey) {
+    let key = member_cluster(&sh.ctx.clusters, m).and_then(|mc| registered_key(&mc).map(str::to_string));
+    if let Some(v) = key.and_then(|k| HeaderValue::from_str(&k).ok()) {
+        headers.insert(passthrough::RECIPIENT, v);
     }
 }
 
