@@ -142,3 +142,27 @@ pub async fn sealed(leader: &LeaderSide, name: &str, user: &str, token: &str) ->
         .expect("text")
         .to_string()
 }
+
+/// Member side, as its admin sets it: the agent may impersonate exactly the prefixed names of
+/// leader `users` and `groups` of set `prod` (`resourceNames`), nothing else.
+pub async fn allow_impersonation(m: &crate::fleet::MemberSide, users: &[&str], groups: &[&str]) {
+    let names = |kind: &str, names: &[&str]| {
+        let prefixed: Vec<String> = names
+            .iter()
+            .map(|n| tether_tunnel::identity::prefixed(crate::sim::SET, n))
+            .collect();
+        json!({"apiGroups": [""], "resources": [kind], "verbs": ["impersonate"], "resourceNames": prefixed})
+    };
+    let mut rules = vec![names("users", users)];
+    if !groups.is_empty() {
+        rules.push(names("groups", groups));
+    }
+    apply(&m.admin, None, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "tether-agent-impersonate"}, "rules": rules}))
+    .await;
+    apply(&m.admin, None, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "tether-agent-impersonate"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tether-agent-impersonate"},
+        "subjects": [{"kind": "ServiceAccount", "name": "tether-agent", "namespace": crate::sim::HOME}]}))
+    .await;
+}

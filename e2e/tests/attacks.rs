@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 use tether_api::ManagedCluster;
-use tether_e2e::access::{apply, get, grant_proxy, leader_metric, sealed, through, wait_tunnel};
+use tether_e2e::access::{allow_impersonation, apply, get, grant_proxy, leader_metric, sealed, through, wait_tunnel};
 use tether_e2e::fleet::{self, LeaderSide, MemberSide};
 use tether_e2e::sim::{HOME, join_token, ns_of};
 use tether_e2e::{Scenario, lab_scenarios};
@@ -107,13 +107,7 @@ async fn setup() -> World {
 /// members run no controller-manager, so the aggregated `view` role is empty).
 async fn allow_alice(m: &MemberSide) {
     let c = &m.admin;
-    apply(c, None, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": {"name": "tether-agent-impersonate"},
-        "rules": [{"apiGroups": [""], "resources": ["users"], "verbs": ["impersonate"], "resourceNames": ["tether:prod:alice"]}]})).await;
-    apply(c, None, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": "tether-agent-impersonate"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tether-agent-impersonate"},
-        "subjects": [{"kind": "ServiceAccount", "name": "tether-agent", "namespace": "tether-system"}]})).await;
+    allow_impersonation(m, &["alice"], &[]).await;
     apply(
         c,
         None,

@@ -25,7 +25,7 @@ use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use tether_e2e::access::{apply, get, grant_proxy, leader_metric, sealed, through, wait_tunnel};
+use tether_e2e::access::{allow_impersonation, apply, get, grant_proxy, leader_metric, sealed, through, wait_tunnel};
 use tether_e2e::fleet::{self, LeaderSide, MemberSide};
 use tether_e2e::sim::{HOME, join_token, ns_of};
 use tether_testkit::{TestCluster, eventually, free_port, lab};
@@ -817,14 +817,7 @@ async fn grant_attach(leader: &LeaderSide, name: &str, other_ns: &str) {
 /// Services; a `reader` ServiceAccount may list namespaces, `nobody` may do nothing.
 async fn member_rbac(m: &MemberSide) {
     let c = &m.admin;
-    apply(c, None, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": {"name": "tether-agent-impersonate"},
-        "rules": [{"apiGroups": [""], "resources": ["users"], "verbs": ["impersonate"], "resourceNames": ["tether:prod:alice"]},
-                  {"apiGroups": [""], "resources": ["groups"], "verbs": ["impersonate"], "resourceNames": ["tether:prod:devs"]}]})).await;
-    apply(c, None, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": "tether-agent-impersonate"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tether-agent-impersonate"},
-        "subjects": [{"kind": "ServiceAccount", "name": "tether-agent", "namespace": "tether-system"}]})).await;
+    allow_impersonation(m, &["alice"], &["devs"]).await;
     apply(
         c,
         None,

@@ -255,7 +255,12 @@ async fn dial(client: &Client, at: &Attach) -> Result<hyper::upgrade::Upgraded, 
     let code = resp.status();
     if code != StatusCode::SWITCHING_PROTOCOLS {
         let body = pipe::collect_limited(resp.into_body(), 2048).await;
-        return Err(refused(code, &body));
+        // NB: the leader just answered our challenge, so a refused proof is a race (the serving
+        // replica changed between the two requests): ask again at the normal pace.
+        return Err(match refused(code, &body) {
+            Dial::Refused(why) => Dial::Unreachable(why),
+            other => other,
+        });
     }
     hyper::upgrade::on(&mut resp)
         .await
