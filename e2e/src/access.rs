@@ -157,8 +157,12 @@ pub async fn allow_impersonation(m: &crate::fleet::MemberSide, users: &[&str], g
     if !groups.is_empty() {
         rules.push(names("groups", groups));
     }
-    apply(&m.admin, None, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": {"name": "tether-agent-impersonate"}, "rules": rules}))
+    apply(
+        &m.admin,
+        None,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "tether-agent-impersonate"}, "rules": rules}),
+    )
     .await;
     apply(&m.admin, None, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
         "metadata": {"name": "tether-agent-impersonate"},

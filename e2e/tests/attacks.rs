@@ -21,7 +21,9 @@ use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 use tether_api::ManagedCluster;
-use tether_e2e::access::{allow_impersonation, apply, get, grant_proxy, leader_metric, sealed, through, wait_tunnel};
+use tether_e2e::access::{
+    allow_impersonation, apply, get, grant_proxy, leader_metric, sealed, through, wait_tunnel,
+};
 use tether_e2e::fleet::{self, LeaderSide, MemberSide};
 use tether_e2e::sim::{HOME, join_token, ns_of};
 use tether_e2e::{Scenario, lab_scenarios};

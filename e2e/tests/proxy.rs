@@ -25,7 +25,9 @@ use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use tether_e2e::access::{allow_impersonation, apply, get, grant_proxy, leader_metric, sealed, through, wait_tunnel};
+use tether_e2e::access::{
+    allow_impersonation, apply, get, grant_proxy, leader_metric, sealed, through, wait_tunnel,
+};
 use tether_e2e::fleet::{self, LeaderSide, MemberSide};
 use tether_e2e::sim::{HOME, join_token, ns_of};
 use tether_testkit::{TestCluster, eventually, free_port, lab};

@@ -191,7 +191,8 @@ impl Fleet {
             &Registration {
                 cluster_id: name,
                 cluster_name: name,
-                labels: [("tether.dev/simulated".to_string(), "true".to_string())].into(),
+                // NB: not under tether.dev: that prefix is the leader's alone.
+                labels: [("simulated".to_string(), "true".to_string())].into(),
                 identity: &identity,
                 recipient: &recipient,
             },
