@@ -8,12 +8,15 @@
 //! whose proof no longer holds (`revoke`); on
 //! losing it, it stops listening and closes every tunnel so agents reconnect to the new leader.
 
+mod attach;
 mod certificate;
 pub mod challenge;
 pub mod frontproxy;
+pub mod identities;
 pub mod revoke;
 pub mod server;
 pub mod serving;
+pub mod shared;
 mod trust;
 pub mod tunnels;
 
@@ -206,8 +209,8 @@ async fn serve(
         trust_tx,
     );
     tokio::pin!(follow);
-    let identities = Arc::new(revoke::Identities::default());
-    let shared = Arc::new(server::Shared {
+    let identities = Arc::new(identities::Identities::default());
+    let shared = Arc::new(shared::Shared {
         tunnels: tunnels.clone(),
         ctx: ctx.clone(),
         challenges: challenge::Challenges::default(),

@@ -5,7 +5,7 @@
 //! verdict is a pure function; `sweep` and `follow_identities` apply it while this replica
 //! serves.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,7 +22,8 @@ use tether_api::conditions::EventReason;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::server::registered_key;
+use super::identities::Identities;
+use super::shared::registered_key;
 use super::tunnels::{Live, MemberKey, Tunnels};
 use crate::Context;
 use crate::naming::AGENT_SERVICE_ACCOUNT;
@@ -48,35 +49,6 @@ pub fn verdict(
         return Some("identity_deleted");
     }
     (live.deadline <= now).then_some("credential_expired")
-}
-
-/// The members' agent ServiceAccounts as the leader last saw them: the UID in each member
-/// namespace, once the first list is in.
-#[derive(Default)]
-pub struct Identities {
-    uids: std::sync::Mutex<HashMap<String, String>>,
-    synced: std::sync::atomic::AtomicBool,
-}
-
-impl Identities {
-    /// Whether member namespace `ns` has its agent ServiceAccount; `None` before the first list.
-    /// NB: a token of a just-deleted ServiceAccount may still authenticate for a moment (the API
-    /// server's cache); this is what keeps it from attaching a tunnel.
-    pub fn present(&self, ns: &str) -> Option<bool> {
-        if !self.synced.load(std::sync::atomic::Ordering::Acquire) {
-            return None;
-        }
-        Some(
-            self.uids
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains_key(ns),
-        )
-    }
-
-    fn uids(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
-        self.uids.lock().unwrap_or_else(|p| p.into_inner())
-    }
 }
 
 /// What each reason tells the member's admin.

@@ -1,61 +1,33 @@
 //! Ensures every request to the aggregated server is answered on behalf of a caller the leader's
 //! API server vouched for: the front-proxy certificate is checked before any header is read,
-//! only a member's own agent ServiceAccount that also proves the member's registered key may
-//! attach (or keep) that member's tunnel, and a user's
+//! `attach` is the member's own agent's alone (`attach.rs`), and a user's
 //! request travels to the member as one HTTP/2 stream with every forgeable identity header
 //! removed. Errors are Kubernetes `Status` objects that name the member and say why.
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
 
-use http::header::{CONNECTION, CONTENT_TYPE, UPGRADE};
+use http::header::{CONNECTION, UPGRADE};
 use http::{HeaderValue, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     APIGroup, APIGroupList, APIResource, APIResourceList, GroupVersionForDiscovery,
 };
-use kube::ResourceExt;
-use kube::runtime::events::EventType;
-use kube::runtime::reflector::{ObjectRef, Store};
-use tether_api::conditions::EventReason;
-use tether_api::{ManagedCluster, annotations, labels};
+use kube::runtime::reflector::Store;
+use tether_api::ManagedCluster;
 use tether_tunnel::headers::{self, MEMBER_AUTHORIZATION, REMOTE_GROUP, REMOTE_USER, strip_untrusted};
 use tether_tunnel::identity::Caller;
 use tether_tunnel::passthrough;
 use tether_tunnel::pipe::{self, Body};
-use tether_tunnel::proof::{self, ATTACH_PROOF, Challenge, Renewed};
 use tether_tunnel::route::{Discovery, Route, route};
-use tether_tunnel::{ATTACH, GROUP, PROXY, RESOURCE, UPGRADE_PROTOCOL, VERSION, status};
-use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tether_tunnel::{ATTACH, GROUP, PROXY, RESOURCE, VERSION, status};
+use tracing::debug;
 
-use super::challenge::{Challenges, Refused};
+use super::attach;
 use super::frontproxy::FrontProxy;
-use super::revoke::Identities;
-use super::tunnels::{MemberKey, Tunnels};
-use crate::Context;
-use crate::naming::AGENT_SERVICE_ACCOUNT;
-
-/// How often the leader pings each tunnel (the agent's read timeout is longer).
-const KEEPALIVE: Duration = Duration::from_secs(10);
-/// A tunnel that does not answer a ping for this long is closed.
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// What every connection's handler shares.
-pub struct Shared {
-    /// Live tunnels.
-    pub tunnels: Arc<Tunnels>,
-    /// The leader's caches (ManagedClusters with their registered keys, sets), recorder and metrics.
-    pub ctx: Arc<Context>,
-    /// Attach challenges of this serving term.
-    pub challenges: Challenges,
-    /// Which members' agent ServiceAccounts exist.
-    pub identities: Arc<Identities>,
-    /// Cancelled when this replica stops serving: every tunnel closes at once.
-    pub stop: CancellationToken,
-}
+use super::shared::{Shared, json, member_cluster, registered_key};
+use super::tunnels::MemberKey;
 
 /// Answers one request; `front` is the front-proxy trust the connection's peer was verified
 /// against, or why the peer is not the front proxy.
@@ -85,7 +57,7 @@ pub async fn handle(
         Route::OpenApi => json(&serde_json::json!({
             "swagger": "2.0", "info": {"title": "tether-proxy", "version": VERSION}, "paths": {}
         })),
-        Route::Attach { namespace, name } => attach(req, &caller, member(namespace, name), &sh),
+        Route::Attach { namespace, name } => attach::attach(req, &caller, member(namespace, name), &sh),
         Route::Proxy {
             namespace,
             name,
@@ -108,215 +80,9 @@ fn member(namespace: &str, name: &str) -> MemberKey {
     }
 }
 
-/// The ManagedCluster of `m`, if the leader created it (not an object anyone could make).
-fn member_cluster(clusters: &Store<ManagedCluster>, m: &MemberKey) -> Option<Arc<ManagedCluster>> {
-    clusters
-        .get(&ObjectRef::new(&m.name).within(&m.namespace))
-        .filter(|mc| {
-            mc.labels().get(labels::MANAGED_BY).map(String::as_str) == Some(crate::provision::FIELD_MANAGER)
-        })
-}
-
 /// Whether `m` is a member the leader created.
 fn known(clusters: &Store<ManagedCluster>, m: &MemberKey) -> bool {
     member_cluster(clusters, m).is_some()
-}
-
-/// The key member `mc` registered with: what its agent must prove to attach.
-pub fn registered_key(mc: &ManagedCluster) -> Option<&str> {
-    mc.annotations()
-        .get(annotations::PUBLIC_KEY)
-        .map(String::as_str)
-        .filter(|k| !k.is_empty())
-}
-
-/// How long a tunnel proven now may live without a new proof: the lifetime of the credential
-/// its agent attached with (the set's `credentialTTL`), so that it never outlives that token.
-fn proven_for(ctx: &Context, mc: &ManagedCluster) -> Duration {
-    ctx.set_of(mc)
-        .and_then(|set| ctx.leader_set(&set))
-        .and_then(|s| s.spec.leader.clone())
-        .unwrap_or_default()
-        .credential_lifetime()
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-/// `attach`, as the member's own agent ServiceAccount. Without a proof header: a challenge
-/// sealed to the member's registered key. With a proof: the upgrade to a tunnel, or without an
-/// upgrade the renewal of the live tunnel's deadline. A proof is the token inside a challenge;
-/// only the holder of the private key can read it.
-fn attach(mut req: Request<Incoming>, caller: &Caller, m: MemberKey, sh: &Arc<Shared>) -> Response<Body> {
-    let upgrade = headers::upgrade_request(req.headers());
-    if upgrade.as_deref().is_some_and(|u| u != UPGRADE_PROTOCOL) {
-        return status(
-            StatusCode::BAD_REQUEST,
-            &format!("{ATTACH} needs Connection: Upgrade and Upgrade: {UPGRADE_PROTOCOL}"),
-        );
-    }
-    let agent = format!("system:serviceaccount:{}:{AGENT_SERVICE_ACCOUNT}", m.namespace);
-    if caller.user != agent {
-        warn!(member = %m.name, namespace = %m.namespace, user = %caller.user, "Refused a tunnel from another identity");
-        sh.ctx.metrics.proxied("attach_forbidden");
-        return status(
-            StatusCode::FORBIDDEN,
-            &format!(
-                "only member {}'s agent ({agent}) may attach its tunnel, not {}",
-                m.name, caller.user
-            ),
-        );
-    }
-    let Some(mc) = member_cluster(&sh.ctx.clusters, &m) else {
-        return status(
-            StatusCode::NOT_FOUND,
-            &format!("no member {} in namespace {}", m.name, m.namespace),
-        );
-    };
-    match sh.identities.present(&m.namespace) {
-        Some(true) => {}
-        Some(false) => {
-            sh.ctx.metrics.proxied("attach_forbidden");
-            return status(
-                StatusCode::FORBIDDEN,
-                &format!(
-                    "member {}'s agent ServiceAccount no longer exists; it must register again",
-                    m.name
-                ),
-            );
-        }
-        None => {
-            return status(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "this leader replica is still reading the members' identities; retry shortly",
-            );
-        }
-    }
-    let Some(key) = registered_key(&mc).map(str::to_string) else {
-        sh.ctx.metrics.proxied("attach_unproven");
-        return status(
-            StatusCode::FORBIDDEN,
-            &format!("member {} has no registered key; it must register again", m.name),
-        );
-    };
-    let now = unix_now();
-    let Some(given) = req.headers().get(ATTACH_PROOF) else {
-        if upgrade.is_some() {
-            sh.ctx.metrics.proxied("attach_unproven");
-            warn!(member = %m.name, namespace = %m.namespace, "Refused a tunnel without a proof of the member's key");
-            return status(
-                StatusCode::FORBIDDEN,
-                &format!(
-                    "attaching member {}'s tunnel needs a proof of its registered key: GET {ATTACH} \
-                     without an upgrade for a challenge sealed to that key, then attach with the \
-                     token inside it in the {ATTACH_PROOF} header",
-                    m.name
-                ),
-            );
-        }
-        let token = sh.challenges.issue(&m, now);
-        return match tether_seal::seal_text(&proof::plaintext(&m.namespace, &m.name, &token), &key) {
-            Ok(sealed) => json(&serde_json::json!(Challenge { sealed })),
-            Err(e) => status(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                &format!("member {}'s registered key cannot be sealed to: {e}", m.name),
-            ),
-        };
-    };
-    let redeemed = match given.to_str() {
-        Ok(p) if p.len() <= proof::MAX_PROOF => sh.challenges.redeem(&m, p, now),
-        _ => Err(Refused::Malformed),
-    };
-    if let Err(why) = redeemed {
-        sh.ctx.metrics.proxied(why.label());
-        warn!(member = %m.name, namespace = %m.namespace, reason = why.label(), "Refused an attach proof");
-        return status(StatusCode::FORBIDDEN, &format!("member {}: {why}", m.name));
-    }
-    let lifetime = proven_for(&sh.ctx, &mc);
-    let deadline = tokio::time::Instant::now() + lifetime;
-    if upgrade.is_none() {
-        return if sh.tunnels.renew(&m, &key, deadline) {
-            sh.ctx.metrics.proxied("attach_renewed");
-            debug!(member = %m.name, seconds = lifetime.as_secs(), "Tunnel proven again");
-            json(&serde_json::json!(Renewed {
-                seconds: lifetime.as_secs()
-            }))
-        } else {
-            status(
-                StatusCode::NOT_FOUND,
-                &format!(
-                    "member {} has no live tunnel proven with its key to keep; attach one",
-                    m.name
-                ),
-            )
-        };
-    }
-    let on_upgrade = hyper::upgrade::on(&mut req);
-    let sh = sh.clone();
-    tokio::spawn(async move {
-        let upgraded = match on_upgrade.await {
-            Ok(u) => u,
-            Err(e) => {
-                debug!(member = %m.name, error = %e, "Tunnel upgrade did not complete");
-                return;
-            }
-        };
-        let handshake = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .keep_alive_interval(KEEPALIVE)
-            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-            .keep_alive_while_idle(true)
-            .handshake::<_, Body>(upgraded)
-            .await;
-        let (send, conn) = match handshake {
-            Ok(h) => h,
-            Err(e) => {
-                warn!(member = %m.name, error = %e, "Tunnel handshake failed");
-                return;
-            }
-        };
-        let tunnels = &sh.tunnels;
-        let inserted = tunnels.insert(m.clone(), send, key, deadline);
-        info!(member = %m.name, namespace = %m.namespace, tunnels = tunnels.len(), "Tunnel connected");
-        if inserted.replaced {
-            replaced(&sh.ctx, &mc).await;
-        }
-        tokio::select! {
-            r = conn => if let Err(e) = r { debug!(member = %m.name, error = %e, "Tunnel closed with an error") },
-            _ = inserted.close.cancelled() => {}
-            _ = sh.stop.cancelled() => {}
-        }
-        tunnels.remove(&m, inserted.id);
-        info!(member = %m.name, namespace = %m.namespace, "Tunnel disconnected");
-    });
-    let mut resp = Response::new(pipe::empty());
-    *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-    resp.headers_mut()
-        .insert(CONNECTION, HeaderValue::from_static("Upgrade"));
-    resp.headers_mut()
-        .insert(UPGRADE, HeaderValue::from_static(UPGRADE_PROTOCOL));
-    resp
-}
-
-/// A live tunnel was replaced by a new proven one: a Warning Event, since only the member's
-/// own agent can do that (a restart before the old tunnel timed out, or a stolen key).
-async fn replaced(ctx: &Context, mc: &ManagedCluster) {
-    ctx.metrics.tunnel_replaced();
-    warn!(member = %mc.name_any(), namespace = %mc.namespace().unwrap_or_default(),
-          "A live tunnel was replaced by a new attach proven with the member's key");
-    crate::write::event(
-        ctx,
-        mc,
-        EventType::Warning,
-        EventReason::TunnelReplaced,
-        "Attach",
-        "a new tunnel proven with this member's registered key replaced the live one (the agent \
-         restarted before its old tunnel timed out, or someone else holds the member's key)",
-    )
-    .await;
 }
 
 async fn proxy(
@@ -500,13 +266,6 @@ fn discovery(d: Discovery) -> serde_json::Value {
         o.insert("apiVersion".into(), "v1".into());
     }
     v
-}
-
-fn json(v: &serde_json::Value) -> Response<Body> {
-    let mut r = Response::new(pipe::full(v.to_string()));
-    r.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    r
 }
 
 fn text(code: StatusCode, body: &'static str) -> Response<Body> {
