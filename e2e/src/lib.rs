@@ -237,6 +237,29 @@ where
     libtest_mimic::run(&args, vec![trial]).exit_code()
 }
 
+/// As `lab_main`, for a test too long for a plain `cargo test`: it is ignored unless the command
+/// line has `--ignored` or `--include-ignored`, and only then enters the lab.
+pub fn long_lab_main<F, Fut>(what: &str, name: &'static str, test: F) -> std::process::ExitCode
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let args = libtest_mimic::Arguments::from_args();
+    let runs = (args.ignored || args.include_ignored) && !args.list;
+    if runs && let Err(err) = tether_testkit::lab::enter() {
+        eprintln!("error: {what} cannot run here: {err}");
+        return std::process::ExitCode::FAILURE;
+    }
+    let trial = libtest_mimic::Trial::test(name, move || {
+        tokio::runtime::Runtime::new()
+            .map_err(|e| libtest_mimic::Failed::from(e.to_string()))?
+            .block_on(test());
+        Ok(())
+    })
+    .with_ignored_flag(true);
+    libtest_mimic::run(&args, vec![trial]).exit_code()
+}
+
 /// One scenario of a shared-fixture test binary: it gets the fixture, and panics to fail.
 pub type Scenario<W> = for<'a> fn(&'a W) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>>;
 

@@ -226,6 +226,31 @@ fn lint_render_and_refuse(bin: &str) {
             out(&o)
         );
     }
+    // With no membership values the agent chart installs an idle agent (no ClusterSet, no
+    // token Secret), which `tether join --config-file` completes.
+    let idle = helm_with(bin, &["template", "t", "charts/tether-agent"]);
+    assert!(idle.status.success(), "{}", out(&idle));
+    assert!(out(&idle).contains("kind: Deployment"), "{}", out(&idle));
+    assert!(!out(&idle).contains("kind: ClusterSet"), "{}", out(&idle));
+    let joined = helm_with(
+        bin,
+        &[
+            "template",
+            "t",
+            "charts/tether-agent",
+            "--set",
+            "parentURL=https://l:6443",
+            "--set",
+            token,
+            "--set",
+            pin,
+        ],
+    );
+    assert!(
+        !joined.status.success() && out(&joined).contains("set cluster.name"),
+        "{}",
+        out(&joined)
+    );
     let typo = helm_with(
         bin,
         &[

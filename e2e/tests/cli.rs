@@ -125,14 +125,14 @@ async fn init_join_status_leave_destroy_with_failures_that_leave_nothing_behind(
 
     let ek = east.cluster.kubeconfig().to_path_buf();
     let wk = west.cluster.kubeconfig().to_path_buf();
-    // A join config file from `init --output` drives `join --config` (dry run: checks, creates nothing).
+    // A join config file from `init --output` drives `join --config-file` (dry run: checks, creates nothing).
     let dir = tempfile::tempdir().expect("tmp");
     let file = dir.path().join("join.yaml");
     let file_arg = file.display().to_string();
     ok(&tether(&lk, &["init", "--clusterset", SET, "--output", &file_arg]).await);
     let dry = ok(&tether(
         &wk,
-        &["join", "--config", &file_arg, "--name", "west", "--dry-run"],
+        &["join", "--config-file", &file_arg, "--name", "west", "--dry-run"],
     )
     .await);
     assert!(
@@ -464,6 +464,103 @@ async fn every_command_init_prints_works_as_printed_for_a_set_outside_tether_sys
             .map_err(|e| e.to_string())
     })
     .await;
+    east.kill_agent();
+    west.kill_agent();
+}
+
+/// The two-step join, every command as printed: an agent installed with no membership idles and
+/// says so (`Registered=False`, NotJoined, with the command to run); `tether init --output
+/// join.yaml` prints two ways to use the file, and both work verbatim: `tether join
+/// --config-file` and the agent chart with `-f` (rendered here; the node tier installs it).
+#[tokio::test]
+async fn the_join_file_from_init_works_verbatim_with_tether_join_and_with_helm() {
+    use serde::Deserialize;
+    let leader = fleet::leader_with("cli-file", None).await;
+    let (mut east, mut west) = tokio::join!(fleet::bare_member("east"), fleet::bare_member("west"));
+    east.start_agent();
+    west.start_agent();
+    let (lk, ek) = (
+        leader.cluster.kubeconfig().to_path_buf(),
+        east.cluster.kubeconfig().to_path_buf(),
+    );
+
+    let idle = ok(&tether(&ek, &["status"]).await);
+    assert!(
+        idle.contains("NotJoined") && idle.contains("tether join --config-file join.yaml"),
+        "{idle}"
+    );
+    eventually(
+        "the idle agent says it has not joined",
+        Duration::from_secs(30),
+        || async {
+            let log = east.agent.as_ref().map(|a| a.log()).unwrap_or_default();
+            if log.contains("NotJoined") && log.contains("tether join") {
+                Ok(())
+            } else {
+                Err(log)
+            }
+        },
+    )
+    .await;
+
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("join.yaml").display().to_string();
+    let out = ok(&tether(&lk, &["init", "--clusterset", SET, "--output", &file]).await);
+    let content = std::fs::read_to_string(&file).expect("join.yaml");
+    assert!(
+        content.contains("parentURL:") && content.contains("namespace: tether-system"),
+        "{content}"
+    );
+
+    let join = words_of(&out, "tether join", "east");
+    assert!(join.contains(&"--config-file".to_string()), "{join:?}");
+    let args: Vec<&str> = join[1..].iter().map(String::as_str).collect();
+    let joined = ok(&tether(&ek, &args).await);
+    assert!(joined.contains("Joined ClusterSet prod as east"), "{joined}");
+
+    // The Helm line as printed, rendered (`template` for `install`): the file is the chart's values.
+    let mut helm_args = words_of(&out, "helm install", "west")[1..].to_vec();
+    assert!(helm_args.contains(&"-f".to_string()), "{helm_args:?}");
+    helm_args[0] = "template".into();
+    let rendered = helm(&helm_args);
+    assert!(
+        rendered.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rendered.stderr)
+    );
+    let yaml = String::from_utf8_lossy(&rendered.stdout).to_string();
+    let docs: Vec<serde_json::Value> = serde_norway::Deserializer::from_str(&yaml)
+        .filter_map(|d| serde_json::Value::deserialize(d).ok())
+        .filter(|v| !v.is_null())
+        .collect();
+    let pp = kube::api::PostParams::default();
+    for d in docs.iter().filter(|d| {
+        d["kind"] == "ClusterSet" || (d["kind"] == "Secret" && d["metadata"]["name"] == "tether-join-token")
+    }) {
+        if d["kind"] == "Secret" {
+            let s: Secret = serde_json::from_value(d.clone()).expect("Secret");
+            Api::<Secret>::namespaced(west.admin.clone(), HOME)
+                .create(&pp, &s)
+                .await
+                .expect("Secret");
+        } else {
+            let s: ClusterSet = serde_json::from_value(d.clone()).expect("ClusterSet");
+            Api::<ClusterSet>::namespaced(west.admin.clone(), HOME)
+                .create(&pp, &s)
+                .await
+                .expect("ClusterSet");
+        }
+    }
+    for name in ["east", "west"] {
+        let ns = tether_leader::naming::member_namespace(&tether_api::SetRef::new(HOME, SET), name);
+        eventually(&format!("{name} joined"), Duration::from_secs(60), || async {
+            Api::<ManagedCluster>::namespaced(leader.admin.clone(), &ns)
+                .get(name)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await;
+    }
     east.kill_agent();
     west.kill_agent();
 }

@@ -9,6 +9,7 @@
 pub mod loops;
 pub mod metrics;
 pub mod register;
+pub mod rejoin;
 pub mod report;
 pub mod session;
 pub mod state;
@@ -28,7 +29,7 @@ use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use tether_api::clusterset::ClusterSetRole;
-use tether_api::conditions::EventReason;
+use tether_api::conditions::{EventReason, Reason};
 use tether_api::{AGENT_FINALIZER, ClusterSet, ClusterSetStatus, MemberClusterAnnounce, properties};
 use tether_join::discovery;
 use tokio::sync::{Mutex, watch};
@@ -155,6 +156,13 @@ pub enum Error {
     /// The leader no longer accepts the credential.
     #[error("credential rejected: {0}")]
     CredentialRejected(String),
+    /// The leader will not give this member a new credential for its key (removed, banned, or
+    /// rejoining is not served there): the agent registers with its join token instead.
+    #[error("cannot rejoin with the member's key: {0}")]
+    RejoinRefused(String),
+    /// The leader could not answer a rejoin now (its API server or its proxy API is down).
+    #[error("cannot reach the leader to rejoin: {0}")]
+    RejoinUnreachable(String),
     /// The credential could not be unsealed.
     #[error("cannot unseal the credential: {0}")]
     Seal(#[from] tether_seal::SealError),
@@ -374,6 +382,9 @@ fn error_policy(set: Arc<ClusterSet>, err: &Error, _ctx: Arc<Context>) -> Action
     Action::requeue(Duration::from_secs(5))
 }
 
+/// How often an agent without a membership says so in its log.
+const NOT_JOINED_EVERY: Duration = Duration::from_secs(600);
+
 /// Runs the agent until `shutdown` is cancelled.
 pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
     let api = Api::<ClusterSet>::namespaced(client.clone(), &opts.namespace);
@@ -418,6 +429,7 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
     };
     let lost = tokio::spawn(lost);
     let ready = opts.ready;
+    let namespace = opts.namespace.clone();
     // NB: `Store::wait_until_ready` wakes only its latest waiter, and the controller waits on
     // this store too: a single wait here may never wake (the agent stayed unready for ever), so
     // poll it again until it is ready.
@@ -429,9 +441,22 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
                     ready.send_replace(true);
                     break;
                 }
-                Ok(Err(_)) => break,
+                Ok(Err(_)) => return,
                 Err(_) => {}
             }
+        }
+        // An agent installed without a membership idles until `tether join` gives it one.
+        loop {
+            let joined = sets.state().iter().any(|s| s.spec.role == ClusterSetRole::Member);
+            if !joined {
+                info!(
+                    reason = Reason::NotJoined.as_str(),
+                    "Registered=False (NotJoined): this cluster has not joined a ClusterSet; run `tether join \
+                     --config-file join.yaml --name <CLUSTER-NAME> -n {namespace}` with the file `tether init \
+                     --output join.yaml` wrote on the leader"
+                );
+            }
+            tokio::time::sleep(NOT_JOINED_EVERY).await;
         }
     });
     controller

@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
 use tether_api::registration::RegistrationResult;
@@ -98,16 +97,8 @@ pub async fn register(
                     .ok_or(Error::Invariant("Approved without a credential"))?
                     .sealed;
                 let credential = tether_seal::unseal(&sealed, reg.identity)?;
-                let ttl_seconds = credential
-                    .expiration_timestamp
-                    .parse::<Timestamp>()
-                    .map(|exp| (exp - Timestamp::now()).get_seconds().max(600))
-                    .unwrap_or(3600);
                 info!(request = %name, namespace = %credential.namespace, "Registration approved");
-                return Ok(Stored {
-                    credential,
-                    ttl_seconds,
-                });
+                return Ok(Stored::issued(credential));
             }
             RegistrationResult::Denied => {
                 return Err(Error::Denied {

@@ -1,9 +1,12 @@
 //! One member ClusterSet's life while it exists: trust the leader (discovery.rs), register if
 //! there is no valid credential (register.rs), then heartbeat, report ManagedCluster status only
 //! when it changed, and renew the credential before it expires — all with the member's own
-//! credential. A rejected credential (revoked, expired, namespace gone) drops it and registers
-//! again with the join token; other failures retry with capped backoff and say why in status.
+//! credential. An expired or refused credential is replaced by proving the member's key
+//! (rejoin.rs), and only if the leader will not take the member back that way by registering
+//! again with the join token; other failures retry with capped, jittered backoff and say why in
+//! status.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,6 +15,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
+use rand::Rng;
 use tether_api::clusterset::MemberSpec;
 use tether_api::conditions::{EventReason, Reason};
 use tether_api::{ClusterSet, properties};
@@ -26,8 +30,9 @@ use crate::state::{self, Stored};
 use crate::view::{View, time};
 use crate::{Context, Error};
 
-/// Longest wait between retries.
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// Longest wait between retries (jittered down to half): a member is back within about this
+/// long of its leader, so it must stay below the sets' default grace period (40 s).
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Shared by the loops of one session.
 pub(crate) struct Shared {
@@ -39,6 +44,8 @@ pub(crate) struct Shared {
     /// When the last heartbeat went through (reported with the ManagedCluster status).
     pub(crate) last_beat: Mutex<Option<Timestamp>>,
     written: tokio::sync::Mutex<Option<tether_api::ClusterSetStatus>>,
+    /// The leader refused the stored credential: get a new one before using it again.
+    refused: AtomicBool,
 }
 
 /// Runs the session of `set` until `cancel`.
@@ -50,6 +57,7 @@ pub async fn run(ctx: Arc<Context>, set: Arc<ClusterSet>, cancel: CancellationTo
         last_heartbeat_published: Mutex::default(),
         last_beat: Mutex::default(),
         written: tokio::sync::Mutex::default(),
+        refused: AtomicBool::new(false),
     });
     let mut backoff = Duration::from_secs(1);
     loop {
@@ -61,20 +69,14 @@ pub async fn run(ctx: Arc<Context>, set: Arc<ClusterSet>, cancel: CancellationTo
         let retry_now = matches!(err, Error::CredentialRejected(_));
         record_failure(&shared, &err).await;
         if retry_now {
-            // NB: drop the dead credential and register again at once with the join token.
-            let ns = &shared.ctx.namespace;
-            if let Err(e) = state::delete_secret(&shared.ctx.client, ns, state::CREDENTIAL_SECRET).await {
-                warn!(
-                    error = &e as &dyn std::error::Error,
-                    "Cannot delete the rejected credential"
-                );
-            }
+            // NB: get a new credential at once: by proving the key, else with the join token.
+            shared.refused.store(true, Ordering::Release);
             backoff = Duration::from_secs(1);
             continue;
         }
         tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep(backoff.mul_f64(rand::rng().random_range(0.5..=1.0))) => {}
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
@@ -119,46 +121,15 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
     let cluster_id = state::cluster_id(&ctx.client, spec.cluster_id.as_deref()).await?;
     let (identity, recipient) = state::key_pair(&ctx.client, &ctx.namespace).await?;
     let stored = match state::load_credential(&ctx.client, &ctx.namespace).await? {
-        Some(s) if !expired(&s) => s,
-        _ => {
-            update(sh, |v| {
-                v.registered = Some((
-                    false,
-                    Reason::Registering,
-                    "waiting for the leader's decision".into(),
-                ))
-            })
-            .await;
-            let token = join_token(ctx, spec).await?;
-            let bootstrap =
-                discovery::leader_client(discovery::leader_config(&spec.leader_url, &trust, Some(&token))?)
-                    .map_err(|source| Error::Leader {
-                    op: "build client",
-                    source,
-                })?;
-            let reg = Registration {
+        Some(s) if !expired(&s) && !sh.refused.load(Ordering::Acquire) => s,
+        previous => {
+            let id = Identity {
                 cluster_id: &cluster_id,
-                cluster_name: &spec.cluster_name,
-                labels: spec.labels.clone(),
                 identity: &identity,
                 recipient: &recipient,
             };
-            let target = Target {
-                bootstrap,
-                namespace: &spec.leader_namespace,
-            };
-            let stored = register(&target, &reg, ctx.registration_timeout).await;
-            ctx.metrics
-                .registration(if stored.is_ok() { "Approved" } else { "Failed" });
-            let stored = stored?;
-            state::store_credential(&ctx.client, &ctx.namespace, &stored).await?;
-            ctx.event(
-                &sh.set,
-                false,
-                EventReason::Registered,
-                &format!("joined; namespace {} on the leader", stored.credential.namespace),
-            )
-            .await;
+            let stored = acquire(sh, spec, &trust, previous, &id).await?;
+            sh.refused.store(false, Ordering::Release);
             stored
         }
     };
@@ -204,6 +175,101 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
         tunnel,
     )?;
     Ok(())
+}
+
+/// Who this agent is: the member's cluster ID and key pair.
+struct Identity<'a> {
+    cluster_id: &'a str,
+    identity: &'a str,
+    recipient: &'a str,
+}
+
+/// A new credential when the stored one (`previous`) expired or was refused: first by proving
+/// the member's key (`rejoin.rs`: no join token needed, so any outage is survived), then, if the
+/// leader will not take the member back that way, by registering with the join token.
+async fn acquire(
+    sh: &Arc<Shared>,
+    spec: &MemberSpec,
+    trust: &Trust,
+    previous: Option<Stored>,
+    id: &Identity<'_>,
+) -> Result<Stored, Error> {
+    let ctx = &sh.ctx;
+    if let Some(previous) = previous {
+        let anonymous = discovery::leader_client(discovery::leader_config(&spec.leader_url, trust, None)?)
+            .map_err(|source| Error::Leader {
+                op: "build client",
+                source,
+            })?;
+        let member = crate::rejoin::Member {
+            namespace: &previous.credential.namespace,
+            name: &spec.cluster_name,
+            identity: id.identity,
+        };
+        match crate::rejoin::rejoin(&anonymous, &member).await {
+            Ok(credential) => {
+                let stored = Stored::issued(credential);
+                state::store_credential(&ctx.client, &ctx.namespace, &stored).await?;
+                ctx.metrics.registration("Rejoined");
+                ctx.event(
+                    &sh.set,
+                    false,
+                    EventReason::Registered,
+                    &format!(
+                        "rejoined with the member's key; namespace {} on the leader",
+                        stored.credential.namespace
+                    ),
+                )
+                .await;
+                return Ok(stored);
+            }
+            Err(Error::RejoinRefused(why)) => {
+                warn!(reason = %why, "The leader does not take this member back with its key; registering with the join token");
+                state::delete_secret(&ctx.client, &ctx.namespace, state::CREDENTIAL_SECRET).await?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    update(sh, |v| {
+        v.registered = Some((
+            false,
+            Reason::Registering,
+            "waiting for the leader's decision".into(),
+        ))
+    })
+    .await;
+    let token = join_token(ctx, spec).await?;
+    let bootstrap =
+        discovery::leader_client(discovery::leader_config(&spec.leader_url, trust, Some(&token))?).map_err(
+            |source| Error::Leader {
+                op: "build client",
+                source,
+            },
+        )?;
+    let reg = Registration {
+        cluster_id: id.cluster_id,
+        cluster_name: &spec.cluster_name,
+        labels: spec.labels.clone(),
+        identity: id.identity,
+        recipient: id.recipient,
+    };
+    let target = Target {
+        bootstrap,
+        namespace: &spec.leader_namespace,
+    };
+    let stored = register(&target, &reg, ctx.registration_timeout).await;
+    ctx.metrics
+        .registration(if stored.is_ok() { "Approved" } else { "Failed" });
+    let stored = stored?;
+    state::store_credential(&ctx.client, &ctx.namespace, &stored).await?;
+    ctx.event(
+        &sh.set,
+        false,
+        EventReason::Registered,
+        &format!("joined; namespace {} on the leader", stored.credential.namespace),
+    )
+    .await;
+    Ok(stored)
 }
 
 async fn join_token(ctx: &Context, spec: &MemberSpec) -> Result<String, Error> {
@@ -254,7 +320,7 @@ async fn record_failure(sh: &Arc<Shared>, err: &Error) {
             .await;
             sh.ctx.event(&sh.set, true, EventReason::PinMismatch, &msg).await;
         }
-        Error::Discovery(_) | Error::Leader { .. } => {
+        Error::Discovery(_) | Error::Leader { .. } | Error::RejoinUnreachable(_) => {
             update(sh, |v| {
                 v.reachable = Some((false, Reason::LeaderUnreachable, msg.clone()))
             })

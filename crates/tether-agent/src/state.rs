@@ -92,6 +92,22 @@ pub struct Stored {
     pub ttl_seconds: i64,
 }
 
+impl Stored {
+    /// A credential just issued: its lifetime is what is left of it now (at least the 10 minutes
+    /// the API server issues at the least).
+    pub fn issued(credential: MemberCredential) -> Self {
+        let ttl_seconds = credential
+            .expiration_timestamp
+            .parse::<k8s_openapi::jiff::Timestamp>()
+            .map(|exp| (exp - k8s_openapi::jiff::Timestamp::now()).get_seconds().max(600))
+            .unwrap_or(3600);
+        Self {
+            credential,
+            ttl_seconds,
+        }
+    }
+}
+
 /// The stored credential, if any.
 pub async fn load_credential(client: &Client, ns: &str) -> Result<Option<Stored>, Error> {
     let api = Api::<Secret>::namespaced(client.clone(), ns);

@@ -49,7 +49,7 @@ const REFUSED_BACKOFF: Duration = Duration::from_secs(300);
 /// A tunnel that lived this long resets the backoff.
 const HEALTHY: Duration = Duration::from_secs(30);
 /// Largest challenge answer read from the leader.
-const MAX_CHALLENGE: usize = 16 * 1024;
+pub(crate) const MAX_CHALLENGE: usize = 16 * 1024;
 
 /// How the agent reaches its own API server for proxied requests.
 #[derive(Clone)]
@@ -180,7 +180,7 @@ pub async fn run(
 }
 
 /// Why a dial failed.
-enum Dial {
+pub(crate) enum Dial {
     /// No answer (network, TLS, the leader's API server down).
     Unreachable(String),
     /// An answer other than the one asked for.
@@ -203,7 +203,7 @@ fn attach_request(at: &Attach, proof: Option<&str>, upgrade: bool) -> Result<Req
 }
 
 /// The answer's status and (bounded) body, or why there was none.
-async fn send(client: &Client, req: Request<KubeBody>) -> Result<Response<KubeBody>, Dial> {
+pub(crate) async fn send(client: &Client, req: Request<KubeBody>) -> Result<Response<KubeBody>, Dial> {
     client
         .send(req)
         .await
@@ -211,7 +211,7 @@ async fn send(client: &Client, req: Request<KubeBody>) -> Result<Response<KubeBo
 }
 
 /// Why the leader's answer `code` with `body` was not the one asked for.
-fn refused(code: StatusCode, body: &[u8]) -> Dial {
+pub(crate) fn refused(code: StatusCode, body: &[u8]) -> Dial {
     let why = format!(
         "the leader answered {code}: {}",
         String::from_utf8_lossy(body).trim()
@@ -227,22 +227,37 @@ fn refused(code: StatusCode, body: &[u8]) -> Dial {
 
 /// Asks the leader for a challenge and reads the proof out of it with the member's key.
 async fn proof(client: &Client, at: &Attach) -> Result<String, Dial> {
-    let resp = send(client, attach_request(at, None, false)?).await?;
+    let path = attach_path(&at.namespace, &at.name);
+    read_challenge(client, &path, &at.namespace, &at.name, &at.key).await
+}
+
+/// GETs the challenge at `path` (attach or rejoin of member `name` in `namespace`) and reads
+/// the proof token out of it with private key `key`.
+pub(crate) async fn read_challenge(
+    client: &Client,
+    path: &str,
+    namespace: &str,
+    name: &str,
+    key: &str,
+) -> Result<String, Dial> {
+    let req = Request::get(path)
+        .body(KubeBody::empty())
+        .map_err(|e| Dial::Unreachable(e.to_string()))?;
+    let resp = send(client, req).await?;
     let code = resp.status();
     let body = pipe::collect_limited(resp.into_body(), MAX_CHALLENGE).await;
     if code != StatusCode::OK {
         return Err(refused(code, &body));
     }
     let challenge: Challenge = serde_json::from_slice(&body)
-        .map_err(|e| Dial::Refused(format!("the leader's attach challenge is not readable: {e}")))?;
-    let text = tether_seal::unseal_text(&challenge.sealed, &at.key).map_err(|e| {
+        .map_err(|e| Dial::Refused(format!("the leader's challenge is not readable: {e}")))?;
+    let text = tether_seal::unseal_text(&challenge.sealed, key).map_err(|e| {
         Dial::Refused(format!(
-            "cannot open the leader's attach challenge with this member's key ({e}); the leader \
-             recorded another key for {}: the agent re-registers when its credential is refused",
-            at.name
+            "cannot open the leader's challenge with this member's key ({e}): the leader does not \
+             hold this key for member {name} (it was removed, banned, or registered again with another key)"
         ))
     })?;
-    proof::token_in(&text, &at.namespace, &at.name)
+    proof::token_in(&text, namespace, name)
         .map(str::to_string)
         .ok_or_else(|| Dial::Refused("the leader's challenge is not for this member; ignored".into()))
 }

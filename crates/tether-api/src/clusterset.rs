@@ -16,6 +16,8 @@ use crate::validation::{
 pub const MAX_MEMBER_SUMMARY: u32 = 100;
 /// Most entries in an approval allow-list.
 pub const MAX_ALLOWED_CLUSTERS: u32 = 1000;
+/// Most banned cluster IDs of a set.
+pub const MAX_BANNED_CLUSTERS: u32 = 1000;
 
 /// Desired state of a ClusterSet. Exactly one of `leader` / `member` applies, chosen by `role`.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -97,6 +99,13 @@ pub struct LeaderSpec {
     #[x_kube(validation = Rule::new("duration(self) >= duration('10m') && duration(self) <= duration('24h')")
         .message("credentialTTL must be between 10m and 24h"))]
     pub credential_ttl: Duration,
+    /// Cluster IDs that may not be members: their requests are Denied (Banned) whatever the
+    /// approval mode, they cannot rejoin with their key, and a member with such an ID is
+    /// removed. `tether member remove --ban` adds one, `tether member unban` lifts it.
+    #[serde(rename = "bannedClusterIDs", default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_BANNED_CLUSTERS))]
+    #[x_kube(merge_strategy = ListMerge::Set)]
+    pub banned_cluster_ids: Vec<ClusterRef>,
 }
 
 impl Default for LeaderSpec {
@@ -107,6 +116,7 @@ impl Default for LeaderSpec {
             grace_period: default_grace_period(),
             member_expiry: default_member_expiry(),
             credential_ttl: default_credential_ttl(),
+            banned_cluster_ids: Vec::new(),
         }
     }
 }
@@ -143,6 +153,11 @@ impl LeaderSpec {
     /// The lifetime of a member credential.
     pub fn credential_lifetime(&self) -> std::time::Duration {
         positive(&self.credential_ttl)
+    }
+
+    /// Whether cluster ID `id` is banned from the set.
+    pub fn is_banned(&self, id: &str) -> bool {
+        self.banned_cluster_ids.iter().any(|b| b.0 == id)
     }
 }
 

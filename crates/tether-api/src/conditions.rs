@@ -114,6 +114,9 @@ api_words! {
         Joined,
         /// Member Ready=False: still registering.
         Joining,
+        /// Member side Registered=False: the agent is installed and idle, with no Member
+        /// ClusterSet yet (`tether join` gives it one).
+        NotJoined,
         /// Member Registered=False: waiting for the leader's decision.
         Registering,
         /// Member Registered=True.
@@ -172,8 +175,10 @@ api_words! {
         MemberLeft,
         /// A member was silent past memberExpiry and was removed.
         MemberExpired,
-        /// A member was removed with its ClusterSet.
+        /// A member was removed with its ClusterSet, or its cluster ID was banned.
         MemberRemoved,
+        /// A member whose credential had expired proved its registered key and got a new one.
+        Rejoined,
         /// A ClusterSet's deletion waits for its members.
         DeletionBlocked,
         /// A member's live tunnel was replaced by a new one proven with its key.

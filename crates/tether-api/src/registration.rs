@@ -151,6 +151,8 @@ pub enum RegistrationReason {
     ClusterSetDeleting,
     /// The member's namespace exists and was not created by the leader for this member.
     NamespaceConflict,
+    /// The cluster ID is in the set's `bannedClusterIDs`.
+    Banned,
 }
 
 /// An admin's decision on a request in Manual mode.

@@ -31,7 +31,7 @@ const TOKEN_KEY: &str = "token";
 #[derive(clap::Args)]
 #[command(
     after_help = "Examples:\n  tether join --leader https://leader:6443 --token abcdef.0123456789abcdef \\\n    \
-                        --ca-cert-hash sha256:1234… --name east\n  tether join --config join.yaml --name west"
+                        --ca-cert-hash sha256:1234… --name east\n  tether join --config-file join.yaml --name west"
 )]
 pub struct JoinArgs {
     /// The leader's API server URL (https).
@@ -46,8 +46,9 @@ pub struct JoinArgs {
     /// This cluster's name in the set (a DNS label; default: the kubeconfig context name).
     #[arg(long)]
     pub name: Option<String>,
-    /// A join config file written by `tether init --output` (flags override it).
-    #[arg(long)]
+    /// A join config file written by `tether init --output` (flags override it); the same file
+    /// is the agent chart's values (`helm install -f`).
+    #[arg(long = "config-file", visible_alias = "config", value_name = "FILE")]
     pub config: Option<std::path::PathBuf>,
     /// The ClusterSet's namespace on the leader (default: from the token, else tether-system).
     #[arg(long)]
@@ -78,15 +79,37 @@ impl std::fmt::Debug for JoinArgs {
     }
 }
 
+/// The join config `tether init --output` writes: the agent chart's values (`parentURL`,
+/// `token`, `caCertHash`, `clusterSet`, `leader.namespace`), so that `helm install -f` takes the
+/// same file. Files of earlier versions (`leaderURL`, `leaderNamespace`) are read too.
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 struct JoinFile {
-    #[serde(rename = "leaderURL")]
+    #[serde(rename = "parentURL", alias = "leaderURL")]
     leader_url: Option<String>,
     token: Option<String>,
     ca_cert_hash: Option<String>,
     cluster_set: Option<String>,
+    #[serde(default)]
+    leader: FileLeader,
     leader_namespace: Option<String>,
+    cluster: Option<FileCluster>,
+}
+
+#[derive(Deserialize, Default)]
+struct FileLeader {
+    namespace: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct FileCluster {
+    name: Option<String>,
+}
+
+impl JoinFile {
+    fn leader_namespace(&self) -> Option<String> {
+        self.leader.namespace.clone().or(self.leader_namespace.clone())
+    }
 }
 
 /// A DNS label from a context name: lowercase, other characters to `-`, at most 63.
@@ -239,10 +262,15 @@ pub async fn join(target: &Target, args: JoinArgs) -> anyhow::Result<()> {
     let leader_ns = args
         .leader_namespace
         .clone()
-        .or(i.file.leader_namespace.clone())
+        .or(i.file.leader_namespace())
         .or(from_token.map(|s| s.namespace))
         .unwrap_or_else(|| "tether-system".into());
-    let name = cluster_name(target, args.name.clone())?;
+    let name = cluster_name(
+        target,
+        args.name
+            .clone()
+            .or(i.file.cluster.as_ref().and_then(|c| c.name.clone())),
+    )?;
     let ns = target.namespace.clone();
     let set_obj = member_set(&i, &set, &ns, leader_ns, &name);
     if args.dry_run {

@@ -29,6 +29,7 @@ Each member cluster:
 Then:
   tether status                            # on the leader: the set and its members
   tether --cluster east -- get pods -A     # on the leader: kubectl against member east
+  tether member remove east --ban          # on the leader: east out for good
   tether leave                             # on a member
   tether destroy --clusterset prod         # on the leader")]
 pub struct Cli {
@@ -79,6 +80,9 @@ pub enum Command {
     Deny(leader::DecideArgs),
     /// The ClusterSet and its members (leader), or this cluster's membership (member).
     Status(leader::StatusArgs),
+    /// Leader: remove or ban a member, lift a ban, list pending and denied requests.
+    #[command(subcommand)]
+    Member(leader::MemberCommand),
     /// Leader: remove a ClusterSet, its tokens and (with --force) its members.
     Destroy(leader::DestroyArgs),
     /// Member: join a leader's ClusterSet (the agent must be installed here).
@@ -176,6 +180,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Approve(args) => leader::decide(&target, args, true).await,
         Command::Deny(args) => leader::decide(&target, args, false).await,
         Command::Status(args) => leader::status(&target, args).await,
+        Command::Member(cmd) => leader::member(&target, cmd).await,
         Command::Destroy(args) => leader::destroy(&target, args).await,
         Command::Join(args) => join::join(&target, args).await,
         Command::Leave(args) => leave::leave(&target, args).await,

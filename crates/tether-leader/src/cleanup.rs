@@ -23,6 +23,8 @@ pub enum Removal {
     Expired,
     /// Its ClusterSet is being destroyed.
     SetDeleted,
+    /// Its cluster ID is in the set's `bannedClusterIDs`.
+    Banned,
 }
 
 impl Removal {
@@ -30,7 +32,7 @@ impl Removal {
         match self {
             Removal::Left => EventReason::MemberLeft,
             Removal::Expired => EventReason::MemberExpired,
-            Removal::SetDeleted => EventReason::MemberRemoved,
+            Removal::SetDeleted | Removal::Banned => EventReason::MemberRemoved,
         }
     }
 }
@@ -52,6 +54,9 @@ pub async fn remove_member(
                 format!("member {name} ({id}) silent past memberExpiry; removing namespace {namespace}")
             }
             Removal::SetDeleted => format!("removing member {name} ({id}) with its ClusterSet"),
+            Removal::Banned => {
+                format!("member {name}'s cluster ID {id} is banned; removing namespace {namespace}")
+            }
         };
         event(ctx, set, EventType::Normal, why.reason(), "RemoveMember", &note).await;
         // NB: the request is what a rejoining agent would find again; remove it with the member.

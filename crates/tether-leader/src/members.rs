@@ -38,6 +38,17 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
     let namespace = mc.namespace().unwrap_or_default();
     let name = mc.name_any();
     let set = ctx.set_of(&mc).and_then(|set| ctx.leader_set(&set));
+    // NB: a ban written into the set's spec (GitOps, or `tether member remove --ban` racing this
+    // member's rejoin) removes the member at its next look.
+    if let Some(s) = set.as_deref()
+        && s.spec
+            .leader
+            .as_ref()
+            .is_some_and(|l| l.is_banned(&mc.spec.cluster_id))
+    {
+        remove_member(&ctx, Some(s), &mc, Removal::Banned).await?;
+        return Ok(Action::await_change());
+    }
     let announce_ref = ObjectRef::<MemberClusterAnnounce>::new(&name).within(&namespace);
     let Some(announce) = ctx.announces.get(&announce_ref) else {
         // NB: the announce comes from another watch than the ManagedCluster; confirm with a read

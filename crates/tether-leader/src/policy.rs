@@ -62,6 +62,21 @@ pub fn decide(req: &ClusterRegistrationRequest, set: Option<&ClusterSet>, member
             "the ClusterSet is being deleted".into(),
         );
     }
+    let leader = set.spec.leader.clone().unwrap_or_default();
+    if leader.is_banned(&spec.cluster_id) {
+        return deny(
+            RegistrationReason::Banned,
+            format!(
+                "cluster ID {} is banned from ClusterSet {}: an admin lifts the ban with \
+                 `tether member unban {} --clusterset {} -n {}`",
+                spec.cluster_id,
+                set.metadata.name.as_deref().unwrap_or_default(),
+                spec.cluster_id,
+                set.metadata.name.as_deref().unwrap_or_default(),
+                set.metadata.namespace.as_deref().unwrap_or_default(),
+            ),
+        );
+    }
     if tether_seal::parse_recipient(&spec.public_key).is_err() {
         return deny(
             RegistrationReason::InvalidPublicKey,
@@ -95,7 +110,7 @@ pub fn decide(req: &ClusterRegistrationRequest, set: Option<&ClusterSet>, member
         _ => false,
     };
 
-    let policy = set.spec.leader.clone().unwrap_or_default().approval;
+    let policy = leader.approval;
     match policy.mode {
         ApprovalMode::Automatic => Decision::Approve { rejoin },
         ApprovalMode::AllowList => {
@@ -223,7 +238,29 @@ mod tests {
             )),
             ..deleting.metadata
         };
+        let mut banned = set(Automatic, &[]);
+        if let Some(l) = banned.spec.leader.as_mut() {
+            l.banned_cluster_ids = vec![ClusterRef("id-1".into())];
+        }
+        let mut banned_manual = set(Manual, &[]);
+        if let Some(l) = banned_manual.spec.leader.as_mut() {
+            l.banned_cluster_ids = vec![ClusterRef("id-1".into())];
+        }
         let cases: Vec<Case> = vec![
+            (
+                "banned ID, automatic, even as a known member",
+                Some(banned),
+                req("east", "id-1", KEY_A, None),
+                vec![east.clone()],
+                deny(Banned, String::new()),
+            ),
+            (
+                "banned ID, approved by an admin anyway",
+                Some(banned_manual),
+                req("east", "id-1", KEY_A, Some(DecisionAction::Approve)),
+                vec![],
+                deny(Banned, String::new()),
+            ),
             (
                 "new member, automatic",
                 Some(set(Automatic, &[])),

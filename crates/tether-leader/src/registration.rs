@@ -11,6 +11,7 @@ use std::time::Duration;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
@@ -261,38 +262,15 @@ async fn approve(
     role?;
     announce?;
     ctx.ensure_leader()?;
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            expiration_seconds: Some(ttl.as_secs() as i64),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let post = PostParams::default();
     // NB: the RoleBinding after the Role: the API server resolves the Role to check escalation.
-    let (binding, cluster, token) = futures::join!(
+    let (binding, cluster, credential) = futures::join!(
         apply(ctx, &binding_api, &objs.role_binding),
         apply(ctx, &clusters_api, &objs.managed_cluster),
-        sa_api.create_token_request(AGENT_SERVICE_ACCOUNT, &post, &request),
+        mint_credential(ctx, &namespace, ttl),
     );
     binding?;
     cluster?;
-    let token = token.map_err(|source| Error::Api {
-        op: "mint member token",
-        name: namespace.clone(),
-        source,
-    })?;
-    let token_status = token
-        .status
-        .ok_or(Error::Invariant("TokenRequest answered without a token"))?;
-    let expiry = token_status.expiration_timestamp.clone();
-    let credential = MemberCredential {
-        token: token_status.token,
-        expiration_timestamp: expiry.0.to_string(),
-        namespace: namespace.clone(),
-        service_account: AGENT_SERVICE_ACCOUNT.into(),
-        ca_cert: ctx.leader_ca.clone(),
-    };
+    let (credential, expiry) = credential?;
     let sealed = tether_seal::seal(&credential, &req.spec.public_key)?;
     let message = if rejoin {
         format!("re-registered; namespace {namespace}")
@@ -323,6 +301,42 @@ async fn approve(
     .await;
     ctx.metrics.registrations("Approved");
     Ok(Action::await_change())
+}
+
+/// A new credential of member namespace `namespace`'s agent ServiceAccount, valid for `ttl`,
+/// and when it expires.
+pub(crate) async fn mint_credential(
+    ctx: &Context,
+    namespace: &str,
+    ttl: Duration,
+) -> Result<(MemberCredential, Time), Error> {
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            expiration_seconds: Some(ttl.as_secs() as i64),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let token = Api::<ServiceAccount>::namespaced(ctx.client.clone(), namespace)
+        .create_token_request(AGENT_SERVICE_ACCOUNT, &PostParams::default(), &request)
+        .await
+        .map_err(|source| Error::Api {
+            op: "mint member token",
+            name: namespace.to_string(),
+            source,
+        })?;
+    let status = token
+        .status
+        .ok_or(Error::Invariant("TokenRequest answered without a token"))?;
+    let expiry = status.expiration_timestamp;
+    let credential = MemberCredential {
+        token: status.token,
+        expiration_timestamp: expiry.0.to_string(),
+        namespace: namespace.to_string(),
+        service_account: AGENT_SERVICE_ACCOUNT.into(),
+        ca_cert: ctx.leader_ca.clone(),
+    };
+    Ok((credential, expiry))
 }
 
 fn requests_api(ctx: &Context, req: &ClusterRegistrationRequest) -> Api<ClusterRegistrationRequest> {
@@ -356,6 +370,7 @@ fn reason_label(reason: RegistrationReason) -> &'static str {
         RegistrationReason::InvalidPublicKey => "InvalidPublicKey",
         RegistrationReason::ClusterSetDeleting => "ClusterSetDeleting",
         RegistrationReason::NamespaceConflict => "NamespaceConflict",
+        RegistrationReason::Banned => "Banned",
         RegistrationReason::AwaitingLeader
         | RegistrationReason::AwaitingApproval
         | RegistrationReason::Approved => "Other",

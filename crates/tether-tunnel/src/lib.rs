@@ -29,6 +29,10 @@ pub const PROXY: &str = "proxy";
 /// NB: `attach` (like `proxy`) is one of the API server's long-running subresources, so the
 /// tunnel outlives `--request-timeout` and is exempt from priority-and-fairness seats.
 pub const ATTACH: &str = "attach";
+/// The subresource an agent whose credential expired gets a new one at, with no token at all:
+/// `.../managedclusters/<name>/rejoin` answers a challenge sealed to the member's registered
+/// key, and a proof read out of it with a new credential sealed to that key (`proof`).
+pub const REJOIN: &str = "rejoin";
 /// The HTTP/1.1 upgrade token of the tunnel.
 pub const UPGRADE_PROTOCOL: &str = "tether-tunnel.v1";
 /// The prefix of every identity the agent impersonates on the member.
@@ -65,6 +69,11 @@ pub fn status(code: http::StatusCode, message: &str) -> http::Response<pipe::Bod
 /// The path the agent dials to attach its tunnel for member `name` in `namespace`.
 pub fn attach_path(namespace: &str, name: &str) -> String {
     format!("/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{RESOURCE}/{name}/{ATTACH}")
+}
+
+/// The path an agent whose credential expired rejoins member `name` in `namespace` at.
+pub fn rejoin_path(namespace: &str, name: &str) -> String {
+    format!("/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{RESOURCE}/{name}/{REJOIN}")
 }
 
 /// The URL prefix users reach member `name` at (append the member path, e.g. `/api/v1/pods`).

@@ -1,5 +1,5 @@
-//! Ensures a tunnel is attached only by the holder of the member's registered key, whatever
-//! token reached the leader: the leader seals a fresh challenge to the key it recorded at
+//! Ensures a tunnel is attached, and an expired member credential replaced (`rejoin`), only by
+//! the holder of the member's registered key, whatever token (or none) reached the leader: the leader seals a fresh challenge to the key it recorded at
 //! approval, and only the agent that holds the private half can read it back. This module is
 //! the contract both ends compile against: the header, the challenge's JSON and the exact
 //! plaintext, which names the member so that the agent never unseals anything else for the
@@ -8,7 +8,7 @@
 use http::HeaderName;
 use serde::{Deserialize, Serialize};
 
-/// On an attach request: the proof, the token read out of the sealed challenge.
+/// On an attach or rejoin request: the proof, the token read out of the sealed challenge.
 pub const ATTACH_PROOF: HeaderName = HeaderName::from_static("tether-attach-proof");
 /// What every challenge plaintext starts with.
 const CONTEXT: &str = "tether-attach-challenge.v1";
@@ -28,6 +28,14 @@ pub struct Challenge {
 pub struct Renewed {
     /// Seconds until the leader closes the tunnel unless it is proven again.
     pub seconds: u64,
+}
+
+/// The leader's answer to a proven GET of `rejoin`: a new member credential (the JSON of a
+/// `tether_seal::MemberCredential`) sealed to the member's registered key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rejoined {
+    /// ASCII-armored `age` message holding the credential.
+    pub sealed: String,
 }
 
 /// The plaintext sealed for member `name` in `namespace` carrying proof `token`.

@@ -2,7 +2,7 @@
 //! discovery, the agent's attach, a user's proxied member path, or nothing (404). Names are
 //! checked as DNS labels here, before anything looks them up.
 
-use crate::{ATTACH, GROUP, PROXY, RESOURCE, VERSION};
+use crate::{ATTACH, GROUP, PROXY, REJOIN, RESOURCE, VERSION};
 
 /// What a request to the aggregated server is for.
 #[derive(Debug, PartialEq, Eq)]
@@ -15,6 +15,13 @@ pub enum Route<'a> {
     Health,
     /// The agent of member `name` attaches its tunnel.
     Attach {
+        /// The member's dedicated namespace.
+        namespace: &'a str,
+        /// The ManagedCluster name.
+        name: &'a str,
+    },
+    /// The agent of member `name`, its credential expired, proves its key for a new one.
+    Rejoin {
         /// The member's dedicated namespace.
         namespace: &'a str,
         /// The ManagedCluster name.
@@ -82,6 +89,9 @@ pub fn route(path: &str) -> Route<'_> {
     let tail = parts.next().unwrap_or("");
     if tail == ATTACH {
         return Route::Attach { namespace, name };
+    }
+    if tail == REJOIN {
+        return Route::Rejoin { namespace, name };
     }
     match tail.strip_prefix(PROXY) {
         Some("") => Route::Proxy {
@@ -153,6 +163,14 @@ mod tests {
                     path: "/api/v1/namespaces/default/pods",
                 },
             ),
+            (
+                format!("{base}/rejoin"),
+                Route::Rejoin {
+                    namespace: "tether-prod-east",
+                    name: "east",
+                },
+            ),
+            (format!("{base}/rejoin/x"), Route::NotFound),
             (format!("{base}/proxyx/api"), Route::NotFound),
             (format!("{base}/attach/more"), Route::NotFound),
             (base.to_string(), Route::NotFound),

@@ -82,16 +82,26 @@ pub async fn init(target: &Target, args: InitArgs) -> anyhow::Result<()> {
         .context("no CA certificate in the kubeconfig")?;
     let expires = Timestamp::now() + SignedDuration::from_secs(args.token_ttl.as_secs() as i64);
     if let Some(path) = &args.output {
-        let file = json!({"leaderURL": url, "token": token.value, "caCertHash": hash.to_string(), "clusterSet": set,
-                          "leaderNamespace": ns, "expires": expires.to_string()});
-        std::fs::write(path, serde_norway::to_string(&file)?)
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        let file = join_file(
+            &url,
+            &token.value,
+            &hash.to_string(),
+            &set_ref,
+            &expires.to_string(),
+        )?;
+        std::fs::write(path, file).with_context(|| format!("cannot write {}", path.display()))?;
         println!(
-            "Wrote the join config to {} (it holds a secret token: keep it private).",
+            "Wrote the join config to {} (it holds a secret token until {expires}: keep it private).",
             path.display()
         );
+        println!("On each member cluster, either:");
         println!(
-            "On each member cluster:\n  tether join --config {} --name <CLUSTER-NAME>",
+            "  tether join --config-file {} --name <CLUSTER-NAME>",
+            path.display()
+        );
+        println!("or:");
+        println!(
+            "  helm install tether-agent charts/tether-agent -n tether-system --create-namespace -f {} --set cluster.name=<CLUSTER-NAME>",
             path.display()
         );
         return Ok(());
@@ -111,6 +121,27 @@ pub async fn init(target: &Target, args: InitArgs) -> anyhow::Result<()> {
         "\nThe token expires at {expires}; `tether token create --clusterset {set} -n {ns}` makes another."
     );
     Ok(())
+}
+
+/// The join config `init --output` writes: the agent chart's own values, so one file serves
+/// `helm install -f` and `tether join --config-file` alike; what is not a value is a comment.
+pub fn join_file(url: &str, token: &str, hash: &str, set: &SetRef, expires: &str) -> anyhow::Result<String> {
+    let values = json!({
+        "parentURL": url,
+        "token": token,
+        "caCertHash": hash,
+        "clusterSet": set.name,
+        "leader": {"namespace": set.namespace},
+    });
+    Ok(format!(
+        "# Join config of ClusterSet {}/{} (tether init --output). It holds a secret join token,\n\
+         # valid until {expires}: keep it private. On a member cluster, either:\n\
+         #   tether join --config-file <this file> --name <CLUSTER-NAME>\n\
+         #   helm install tether-agent charts/tether-agent -n tether-system --create-namespace -f <this file> --set cluster.name=<CLUSTER-NAME>\n{}",
+        set.namespace,
+        set.name,
+        serde_norway::to_string(&values)?
+    ))
 }
 
 /// The `helm install` line that joins a member to `set`, every value that differs from the

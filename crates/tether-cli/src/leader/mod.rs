@@ -3,11 +3,13 @@
 
 mod admin;
 mod init;
+mod member;
 mod status;
 mod token;
 
 pub use admin::{decide, destroy};
-pub use init::{JoinToken, create_token, helm_command, init};
+pub use init::{JoinToken, create_token, helm_command, init, join_file};
+pub use member::member;
 pub use status::status;
 pub use token::token;
 
@@ -93,6 +95,43 @@ pub enum TokenCommand {
     },
 }
 
+/// `tether member`.
+#[derive(clap::Subcommand, Debug)]
+pub enum MemberCommand {
+    /// Remove a member: its namespace, ServiceAccount (every credential it holds dies with it),
+    /// ManagedCluster and requests; its tunnel closes within seconds. With --ban it can never
+    /// come back until `tether member unban`.
+    #[command(after_help = "Examples:\n  tether member remove east\n  \
+                            tether member remove east --ban --clusterset prod")]
+    Remove {
+        /// The member (its ManagedCluster name, `tether status`).
+        name: String,
+        /// The ClusterSet (default: the only one in the namespace).
+        #[arg(long)]
+        clusterset: Option<String>,
+        /// Also ban its cluster ID: its requests are Denied (Banned) and it cannot rejoin.
+        #[arg(long)]
+        ban: bool,
+    },
+    /// Lift the ban of a cluster ID, so that it may register again.
+    Unban {
+        /// The cluster ID (as `tether member list` shows it).
+        cluster_id: String,
+        /// The ClusterSet (default: the only one in the namespace).
+        #[arg(long)]
+        clusterset: Option<String>,
+    },
+    /// List registration requests that are pending or denied, and the banned cluster IDs.
+    List {
+        /// The ClusterSet (default: the only one in the namespace).
+        #[arg(long)]
+        clusterset: Option<String>,
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t = Format::Table)]
+        output: Format,
+    },
+}
+
 /// `tether approve|deny`.
 #[derive(clap::Args, Debug)]
 pub struct DecideArgs {
@@ -135,6 +174,29 @@ pub struct DestroyArgs {
     /// How long to wait until everything is gone.
     #[arg(long, default_value = "120s", value_parser = tether_api::duration::parse)]
     pub wait: Duration,
+}
+
+/// The ClusterSet `name` in `namespace`, or without a name the only one there.
+pub(crate) async fn pick_set(
+    sets: &Api<ClusterSet>,
+    name: Option<&str>,
+    namespace: &str,
+) -> anyhow::Result<ClusterSet> {
+    if let Some(name) = name {
+        return sets.get_opt(name).await?.with_context(|| {
+            format!(
+                "no ClusterSet {namespace}/{name}: list them with `kubectl get clusterset -n {namespace}`"
+            )
+        });
+    }
+    let mut all = sets.list(&kube::api::ListParams::default()).await?.items;
+    match all.len() {
+        1 => Ok(all.remove(0)),
+        0 => anyhow::bail!(
+            "no ClusterSet in namespace {namespace}: `tether init` (leader) or `tether join` (member)"
+        ),
+        _ => anyhow::bail!("several ClusterSets in {namespace}: pick one with --clusterset"),
+    }
 }
 
 async fn apply<K>(api: &Api<K>, obj: &K) -> anyhow::Result<()>

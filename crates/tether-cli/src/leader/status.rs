@@ -1,6 +1,5 @@
 //! `tether status`: the set's counts and one row per member (leader), or the membership (member).
 
-use anyhow::{Context as _, bail};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -29,26 +28,18 @@ struct MemberRow {
 pub async fn status(target: &Target, args: StatusArgs) -> anyhow::Result<()> {
     let client = target.client().await?;
     let sets = Api::<ClusterSet>::namespaced(client.clone(), &target.namespace);
-    let set = match &args.clusterset {
-        Some(name) => sets
-            .get_opt(name)
-            .await?
-            .with_context(|| format!("no ClusterSet {}/{name}", target.namespace))?,
-        None => {
-            let all = sets.list(&ListParams::default()).await?.items;
-            match all.len() {
-                1 => all.into_iter().next().context("one ClusterSet")?,
-                0 => bail!(
-                    "no ClusterSet in namespace {}: `tether init` (leader) or `tether join` (member)",
-                    target.namespace
-                ),
-                _ => bail!(
-                    "several ClusterSets in {}: pick one with --clusterset",
-                    target.namespace
-                ),
-            }
-        }
-    };
+    if args.clusterset.is_none() && sets.list(&ListParams::default().limit(1)).await?.items.is_empty() {
+        let ns = &target.namespace;
+        println!(
+            "No ClusterSet in namespace {ns}.\n\
+             On a member with the agent installed: Registered=False (NotJoined); join with\n  \
+             tether join --config-file join.yaml --name <CLUSTER-NAME> -n {ns}\n\
+             (the file `tether init --output join.yaml` writes on the leader).\n\
+             On the leader: `tether init --clusterset <ID> -n {ns}` creates a set."
+        );
+        return Ok(());
+    }
+    let set = super::pick_set(&sets, args.clusterset.as_deref(), &target.namespace).await?;
     let st = set.status.clone().unwrap_or_default();
     if set.spec.role == tether_api::clusterset::ClusterSetRole::Member {
         let m = st.membership.clone().unwrap_or_default();

@@ -20,8 +20,8 @@ use tether_tunnel::proof::{self, ATTACH_PROOF, Challenge, Renewed};
 use tether_tunnel::{ATTACH, UPGRADE_PROTOCOL, headers, status};
 use tracing::{debug, info, warn};
 
-use super::challenge::Refused;
-use super::shared::{Shared, json, member_cluster, registered_key};
+use super::challenge::{Purpose, Refused};
+use super::shared::{Shared, json, member_cluster, registered_key, unix_now};
 use super::tunnels::MemberKey;
 use crate::Context;
 use crate::naming::AGENT_SERVICE_ACCOUNT;
@@ -39,12 +39,6 @@ fn proven_for(ctx: &Context, mc: &ManagedCluster) -> Duration {
         .and_then(|s| s.spec.leader.clone())
         .unwrap_or_default()
         .credential_lifetime()
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// `attach`, as the member's own agent ServiceAccount. Without a proof header: a challenge
@@ -123,7 +117,7 @@ pub(super) fn attach(
                 ),
             );
         }
-        let token = sh.challenges.issue(&m, now);
+        let token = sh.challenges.issue(&m, Purpose::Attach, now);
         return match tether_seal::seal_text(&proof::plaintext(&m.namespace, &m.name, &token), &key) {
             Ok(sealed) => json(&serde_json::json!(Challenge { sealed })),
             Err(e) => status(
@@ -133,7 +127,7 @@ pub(super) fn attach(
         };
     };
     let redeemed = match given.to_str() {
-        Ok(p) if p.len() <= proof::MAX_PROOF => sh.challenges.redeem(&m, p, now),
+        Ok(p) if p.len() <= proof::MAX_PROOF => sh.challenges.redeem(&m, Purpose::Attach, p, now),
         _ => Err(Refused::Malformed),
     };
     if let Err(why) = redeemed {

@@ -14,6 +14,24 @@ use sha2::Sha256;
 
 use super::tunnels::MemberKey;
 
+/// What a proof is good for: one purpose's proof is refused for the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// Attaching (or keeping) the member's tunnel.
+    Attach,
+    /// A new credential for a member whose credential expired.
+    Rejoin,
+}
+
+impl Purpose {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Attach => "attach",
+            Self::Rejoin => "rejoin",
+        }
+    }
+}
+
 /// How long a proof token may be redeemed after it was minted.
 pub const VALID: Duration = Duration::from_secs(60);
 
@@ -73,26 +91,27 @@ impl Default for Challenges {
 }
 
 impl Challenges {
-    fn mac(&self, m: &MemberKey, issued: u64, nonce: &str) -> [u8; 32] {
+    fn mac(&self, m: &MemberKey, purpose: Purpose, issued: u64, nonce: &str) -> [u8; 32] {
         // NB: new_from_slice accepts any key length for HMAC.
         let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&self.key) else {
             return [0; 32];
         };
-        mac.update(format!("{}/{}.{issued}.{nonce}", m.namespace, m.name).as_bytes());
+        mac.update(format!("{}:{}/{}.{issued}.{nonce}", purpose.as_str(), m.namespace, m.name).as_bytes());
         mac.finalize().into_bytes().into()
     }
 
-    /// A fresh proof token for member `m`, minted at `now` (Unix seconds).
-    pub fn issue(&self, m: &MemberKey, now: u64) -> String {
+    /// A fresh proof token for member `m` and `purpose`, minted at `now` (Unix seconds).
+    pub fn issue(&self, m: &MemberKey, purpose: Purpose, now: u64) -> String {
         let mut nonce = [0u8; 16];
         rand::rng().fill_bytes(&mut nonce);
         let nonce = hex::encode(nonce);
-        let mac = hex::encode(self.mac(m, now, &nonce));
+        let mac = hex::encode(self.mac(m, purpose, now, &nonce));
         format!("{now}.{nonce}.{mac}")
     }
 
-    /// Accepts `token` for member `m` at `now` once: minted here, for `m`, within `VALID`.
-    pub fn redeem(&self, m: &MemberKey, token: &str, now: u64) -> Result<(), Refused> {
+    /// Accepts `token` for member `m` and `purpose` at `now` once: minted here, for both,
+    /// within `VALID`.
+    pub fn redeem(&self, m: &MemberKey, purpose: Purpose, token: &str, now: u64) -> Result<(), Refused> {
         let mut parts = token.split('.');
         let (Some(issued), Some(nonce), Some(mac), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
@@ -105,7 +124,7 @@ impl Challenges {
         if nonce.len() != 32 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(Refused::Malformed);
         }
-        let expected = self.mac(m, issued, nonce);
+        let expected = self.mac(m, purpose, issued, nonce);
         // NB: compared in constant time, as a MAC must be.
         let differs = expected
             .iter()
@@ -151,25 +170,43 @@ mod tests {
     fn a_proof_is_redeemed_once_for_its_member_within_a_minute() {
         let c = Challenges::default();
         let east = member("east");
-        let t = c.issue(&east, 1000);
-        assert_eq!(c.redeem(&member("west"), &t, 1001), Err(Refused::Forged));
-        assert_eq!(c.redeem(&east, &t, 1001), Ok(()));
-        assert_eq!(c.redeem(&east, &t, 1002), Err(Refused::Reused));
-        let late = c.issue(&east, 1000);
-        assert_eq!(c.redeem(&east, &late, 1061), Err(Refused::Expired));
-        let early = c.issue(&east, 2000);
-        assert_eq!(c.redeem(&east, &early, 1999), Err(Refused::Expired));
+        let t = c.issue(&east, Purpose::Attach, 1000);
+        assert_eq!(
+            c.redeem(&member("west"), Purpose::Attach, &t, 1001),
+            Err(Refused::Forged)
+        );
+        assert_eq!(c.redeem(&east, Purpose::Attach, &t, 1001), Ok(()));
+        assert_eq!(c.redeem(&east, Purpose::Attach, &t, 1002), Err(Refused::Reused));
+        let other = c.issue(&east, Purpose::Attach, 1000);
+        assert_eq!(
+            c.redeem(&east, Purpose::Rejoin, &other, 1001),
+            Err(Refused::Forged),
+            "an attach proof does not rejoin"
+        );
+        let late = c.issue(&east, Purpose::Attach, 1000);
+        assert_eq!(
+            c.redeem(&east, Purpose::Attach, &late, 1061),
+            Err(Refused::Expired)
+        );
+        let early = c.issue(&east, Purpose::Attach, 2000);
+        assert_eq!(
+            c.redeem(&east, Purpose::Attach, &early, 1999),
+            Err(Refused::Expired)
+        );
     }
 
     #[test]
     fn proofs_of_another_replica_or_tampered_ones_are_refused() {
         let (a, b) = (Challenges::default(), Challenges::default());
         let east = member("east");
-        let t = a.issue(&east, 1000);
-        assert_eq!(b.redeem(&east, &t, 1000), Err(Refused::Forged));
+        let t = a.issue(&east, Purpose::Attach, 1000);
+        assert_eq!(b.redeem(&east, Purpose::Attach, &t, 1000), Err(Refused::Forged));
         let mut parts: Vec<String> = t.split('.').map(str::to_string).collect();
         parts[0] = "1001".into();
-        assert_eq!(a.redeem(&east, &parts.join("."), 1001), Err(Refused::Forged));
+        assert_eq!(
+            a.redeem(&east, Purpose::Attach, &parts.join("."), 1001),
+            Err(Refused::Forged)
+        );
         for bad in [
             "",
             "x",
@@ -178,7 +215,11 @@ mod tests {
             "a.0123456789abcdef0123456789abcdef.00",
             "1000.zz.00",
         ] {
-            assert_eq!(a.redeem(&east, bad, 1000), Err(Refused::Malformed), "{bad}");
+            assert_eq!(
+                a.redeem(&east, Purpose::Attach, bad, 1000),
+                Err(Refused::Malformed),
+                "{bad}"
+            );
         }
     }
 
@@ -187,8 +228,8 @@ mod tests {
         let c = Challenges::default();
         let east = member("east");
         for i in 0..100 {
-            let t = c.issue(&east, 1000 + i);
-            c.redeem(&east, &t, 1000 + i).unwrap();
+            let t = c.issue(&east, Purpose::Attach, 1000 + i);
+            c.redeem(&east, Purpose::Attach, &t, 1000 + i).unwrap();
         }
         assert!(c.remembered() <= 62, "{}", c.remembered());
     }

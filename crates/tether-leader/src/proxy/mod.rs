@@ -13,6 +13,7 @@ mod certificate;
 pub mod challenge;
 pub mod frontproxy;
 pub mod identities;
+mod rejoin;
 pub mod revoke;
 pub mod server;
 pub mod serving;
@@ -29,7 +30,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::core::GroupVersionKind;
 use tether_api::conditions::{ConditionType, Reason, Status, condition, find};
 use tether_api::{ManagedCluster, ManagedClusterStatus};
@@ -55,6 +56,10 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 const UNAUTHENTICATED_LIFETIME: Duration = Duration::from_secs(10);
 /// HTTP/2 pings on the API server's connections, and how long an answer may take.
 const H2_KEEPALIVE: (Duration, Duration) = (Duration::from_secs(30), Duration::from_secs(20));
+/// How often the serving replica registers the APIService again.
+const REREGISTER: Duration = Duration::from_secs(30);
+/// How long shutdown waits to withdraw the APIService.
+const WITHDRAW_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often a refusal at the connection cap is logged at most.
 const CAP_LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -114,13 +119,17 @@ pub async fn run(ctx: Arc<Context>, opts: ProxyOptions, shutdown: CancellationTo
     let tunnels = Arc::new(Tunnels::new(tx));
     tokio::spawn(conditions(ctx.clone(), tunnels.clone(), rx));
     let mut leader = ctx.leader.clone();
+    let mut nonce = [0u8; 8];
+    rand::RngCore::fill_bytes(&mut rand::rng(), &mut nonce);
+    let served_by = format!("{}/{}", opts.advertise, hex::encode(nonce));
+    withdraw_stale(&ctx, &opts).await;
     loop {
         tokio::select! {
             r = leader.wait_for(|l| *l) => if r.is_err() { return },
             _ = shutdown.cancelled() => return,
         }
         let stop = shutdown.child_token();
-        let term = serve(&ctx, &opts, tunnels.clone(), stop.clone());
+        let term = serve(&ctx, &opts, &served_by, tunnels.clone(), stop.clone());
         let lost = async {
             let _ = leader.wait_for(|l| !*l).await;
         };
@@ -140,6 +149,98 @@ pub async fn run(ctx: Arc<Context>, opts: ProxyOptions, shutdown: CancellationTo
         tunnels.close_all();
         ctx.metrics.set_tunnels(0);
         ctx.metrics.set_proxy_cert_expiry(0);
+        if shutdown.is_cancelled() {
+            // NB: a lost lease keeps the registration: the successor re-registers it as its own.
+            withdraw(&ctx, |svc| served(svc) == Some(served_by.as_str())).await;
+            return;
+        }
+    }
+}
+
+/// Registers the member-access APIService as `registration` says.
+async fn register(ctx: &Context, registration: &serde_json::Value) -> Result<(), kube::Error> {
+    Api::<DynamicObject>::all_with(ctx.client.clone(), &apiservice_resource())
+        .patch(
+            tether_tunnel::API_SERVICE,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(registration),
+        )
+        .await
+        .map(|_| ())
+}
+
+/// While serving: registers the APIService again every `REREGISTER`, should anyone (an
+/// upgrade of the chart that once shipped it, an admin) have removed or changed it.
+async fn keep_registered(ctx: Arc<Context>, registration: serde_json::Value) {
+    loop {
+        tokio::time::sleep(REREGISTER).await;
+        if let Err(e) = register(&ctx, &registration).await {
+            warn!(
+                error = &e as &dyn std::error::Error,
+                "Cannot register the member-access APIService again; retrying"
+            );
+        }
+    }
+}
+
+/// Who registered the APIService `svc`.
+fn served(svc: &DynamicObject) -> Option<&str> {
+    svc.metadata
+        .annotations
+        .as_ref()?
+        .get(serving::SERVED_BY)
+        .map(String::as_str)
+}
+
+/// Deletes the member-access APIService if `ours` says it is this replica's to delete, on the
+/// condition that nobody changed it since it was read (a successor's registration stays).
+async fn withdraw(ctx: &Context, ours: impl Fn(&DynamicObject) -> bool) {
+    let api = Api::<DynamicObject>::all_with(ctx.client.clone(), &apiservice_resource());
+    let attempt = async {
+        let Some(svc) = api.get_opt(tether_tunnel::API_SERVICE).await? else {
+            return Ok::<bool, kube::Error>(false);
+        };
+        if !ours(&svc) {
+            return Ok(false);
+        }
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: svc.metadata.resource_version.clone(),
+                uid: svc.metadata.uid.clone(),
+            }),
+            ..DeleteParams::default()
+        };
+        api.delete(tether_tunnel::API_SERVICE, &dp).await?;
+        Ok(true)
+    };
+    match tokio::time::timeout(WITHDRAW_TIMEOUT, attempt).await {
+        Ok(Ok(true)) => {
+            info!("Withdrew APIService v1alpha1.proxy.multicluster.tether.dev: no replica serves it now")
+        }
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) => warn!(
+            error = &e as &dyn std::error::Error,
+            "Cannot withdraw the member-access APIService"
+        ),
+        Err(_) => warn!("Withdrawing the member-access APIService timed out"),
+    }
+}
+
+/// At start, before serving: an APIService whose EndpointSlice names this replica's own
+/// address was left by this pod's previous container (a crash, an OOM kill): nobody serves it
+/// now, so it goes until this replica serves again.
+async fn withdraw_stale(ctx: &Context, opts: &ProxyOptions) {
+    let slices = Api::<EndpointSlice>::namespaced(ctx.client.clone(), &opts.namespace);
+    let points_here = match slices.get_opt(&opts.service).await {
+        Ok(Some(slice)) => slice.endpoints.iter().any(|e| {
+            e.addresses
+                .iter()
+                .any(|a| a.parse::<IpAddr>().ok() == Some(opts.advertise))
+        }),
+        _ => false,
+    };
+    if points_here {
+        withdraw(ctx, |_| true).await;
     }
 }
 
@@ -147,6 +248,7 @@ pub async fn run(ctx: Arc<Context>, opts: ProxyOptions, shutdown: CancellationTo
 async fn serve(
     ctx: &Arc<Context>,
     opts: &ProxyOptions,
+    served_by: &str,
     tunnels: Arc<Tunnels>,
     stop: CancellationToken,
 ) -> Result<(), ProxyError> {
@@ -161,17 +263,6 @@ async fn serve(
     let stored = ensure_serving(&secrets, opts).await?;
     ctx.metrics
         .set_proxy_cert_expiry(serving::expires_at(&stored.serving.cert).unwrap_or(0));
-    let apiservices = Api::<DynamicObject>::all_with(client.clone(), &apiservice_resource());
-    apiservices
-        .patch(
-            tether_tunnel::API_SERVICE,
-            &PatchParams::default(),
-            &Patch::Merge(serving::ca_bundle_patch(&stored.serving.ca)),
-        )
-        .await
-        .map_err(api(
-            "set the caBundle of APIService v1alpha1.proxy.multicluster.tether.dev (install it with the leader chart or config/rbac/leader.yaml)",
-        ))?;
     let first = Trust::new(front, &stored.serving)?;
     let listener = tokio::net::TcpListener::bind(opts.addr)
         .await
@@ -192,6 +283,15 @@ async fn serve(
         )
         .await
         .map_err(api("point the proxy EndpointSlice at this replica"))?;
+    // NB: registered only now that a replica listens behind it: an APIService without a
+    // serving replica fails discovery for its group, and namespace deletion everywhere in the
+    // cluster waits on discovery (the metrics-server outage). It is withdrawn on shutdown.
+    let registration = serving::api_service(&stored.serving.ca, &opts.namespace, &opts.service, served_by);
+    register(ctx, &registration)
+        .await
+        .map_err(api("register APIService v1alpha1.proxy.multicluster.tether.dev"))?;
+    let kept = keep_registered(ctx.clone(), registration);
+    tokio::pin!(kept);
     info!(addr = %bound, advertise = %opts.advertise, "Serving member access (proxy.multicluster.tether.dev)");
     // NB: the front-proxy CA rotates without a restart of anything: new connections are
     // verified against what the ConfigMap says now; open ones keep the trust they were
@@ -216,6 +316,7 @@ async fn serve(
         challenges: challenge::Challenges::default(),
         identities: identities.clone(),
         stop: stop.clone(),
+        decoy: tether_seal::generate_keypair().1,
     });
     let sweep = sweep_stale(ctx.clone(), tunnels.clone());
     tokio::pin!(sweep);
@@ -232,6 +333,7 @@ async fn serve(
             _ = &mut follow => continue,
             _ = &mut revoked => continue,
             _ = &mut identities => continue,
+            _ = &mut kept => continue,
             a = listener.accept() => match a {
                 Ok(a) => a,
                 Err(e) => { warn!(error = %e, "Accept failed"); continue }

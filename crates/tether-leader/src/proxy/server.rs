@@ -1,6 +1,7 @@
 //! Ensures every request to the aggregated server is answered on behalf of a caller the leader's
 //! API server vouched for: the front-proxy certificate is checked before any header is read,
-//! `attach` is the member's own agent's alone (`attach.rs`), and a user's
+//! `attach` is the member's own agent's alone (`attach.rs`), `rejoin` is anyone's but answers
+//! only the holder of a member's key (`rejoin.rs`), and a user's
 //! request travels to the member as one HTTP/2 stream with every forgeable identity header
 //! removed. Errors are Kubernetes `Status` objects that name the member and say why.
 
@@ -21,13 +22,13 @@ use tether_tunnel::identity::Caller;
 use tether_tunnel::passthrough;
 use tether_tunnel::pipe::{self, Body};
 use tether_tunnel::route::{Discovery, Route, route};
-use tether_tunnel::{ATTACH, GROUP, PROXY, RESOURCE, VERSION, status};
+use tether_tunnel::{ATTACH, GROUP, PROXY, REJOIN, RESOURCE, VERSION, status};
 use tracing::debug;
 
-use super::attach;
 use super::frontproxy::FrontProxy;
 use super::shared::{Shared, json, member_cluster, registered_key};
 use super::tunnels::MemberKey;
+use super::{attach, rejoin};
 
 /// Answers one request; `front` is the front-proxy trust the connection's peer was verified
 /// against, or why the peer is not the front proxy.
@@ -58,6 +59,10 @@ pub async fn handle(
             "swagger": "2.0", "info": {"title": "tether-proxy", "version": VERSION}, "paths": {}
         })),
         Route::Attach { namespace, name } => attach::attach(req, &caller, member(namespace, name), &sh),
+        Route::Rejoin { namespace, name } => {
+            let m = member(namespace, name);
+            rejoin::rejoin(req, m, &sh).await
+        }
         Route::Proxy {
             namespace,
             name,
@@ -252,6 +257,7 @@ fn discovery(d: Discovery) -> serde_json::Value {
             resources: vec![
                 sub(PROXY, &["get", "create", "update", "patch", "delete"]),
                 sub(ATTACH, &["get"]),
+                sub(REJOIN, &["get"]),
             ],
         }),
     };

@@ -161,9 +161,30 @@ pub fn from_secret(s: &Secret) -> Option<Stored> {
     })
 }
 
-/// The merge patch that sets the APIService's `caBundle` to `ca_pem`.
-pub fn ca_bundle_patch(ca_pem: &str) -> serde_json::Value {
-    serde_json::json!({"spec": {"caBundle": B64.encode(ca_pem)}})
+/// On the APIService: which serving term of which replica registered it, so that a replica
+/// withdraws only its own registration, never one a successor made.
+pub const SERVED_BY: &str = "proxy.multicluster.tether.dev/served-by";
+
+/// The APIService of member access as the replica serving term `served_by` registers it: the
+/// proxy group, trusted through `ca_pem`, served behind `service` in `namespace`.
+pub fn api_service(ca_pem: &str, namespace: &str, service: &str, served_by: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "apiregistration.k8s.io/v1",
+        "kind": "APIService",
+        "metadata": {
+            "name": tether_tunnel::API_SERVICE,
+            "labels": {tether_api::labels::MANAGED_BY: crate::provision::FIELD_MANAGER},
+            "annotations": {SERVED_BY: served_by},
+        },
+        "spec": {
+            "group": tether_tunnel::GROUP,
+            "version": tether_tunnel::VERSION,
+            "groupPriorityMinimum": 1000,
+            "versionPriority": 15,
+            "service": {"name": service, "namespace": namespace, "port": 443},
+            "caBundle": B64.encode(ca_pem),
+        },
+    })
 }
 
 /// The EndpointSlice of `service` naming only `ip:port`, the replica that leads.
@@ -252,9 +273,17 @@ mod tests {
         );
         assert!(!verifies(&s.serving, "other.tether-system.svc"));
         assert!(from_secret(&Secret::default()).is_none());
-        let patch = ca_bundle_patch(&s.serving.ca);
-        let b = patch["spec"]["caBundle"].as_str().unwrap();
+        let svc = api_service(
+            &s.serving.ca,
+            "tether-system",
+            "tether-leader-proxy",
+            "10.0.0.1/abc",
+        );
+        let b = svc["spec"]["caBundle"].as_str().unwrap();
         assert_eq!(B64.decode(b).unwrap(), s.serving.ca.as_bytes());
+        assert_eq!(svc["metadata"]["name"], tether_tunnel::API_SERVICE);
+        assert_eq!(svc["spec"]["service"]["namespace"], "tether-system");
+        assert_eq!(svc["metadata"]["annotations"][SERVED_BY], "10.0.0.1/abc");
     }
 
     #[test]

@@ -29,6 +29,15 @@ pub struct Shared {
     pub identities: Arc<Identities>,
     /// Cancelled when this replica stops serving: every tunnel closes at once.
     pub stop: CancellationToken,
+    /// A key nobody holds: rejoin challenges for members that may not rejoin are sealed to it.
+    pub decoy: String,
+}
+
+/// Seconds since the Unix epoch, as proof tokens count time.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// The ManagedCluster of `m`, if the leader created it (not an object anyone could make).

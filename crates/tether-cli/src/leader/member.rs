@@ -1,0 +1,225 @@
+//! `tether member remove|unban|list`: an admin takes a member out of a set, for now or for good,
+//! and sees who is waiting or refused. Everything is done on the leader cluster with the admin's
+//! own rights, so it works whether or not the leader controller runs.
+
+use anyhow::{Context as _, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use serde::Serialize;
+use serde_json::json;
+use tether_api::registration::RegistrationResult;
+use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, SetRef, labels};
+
+use crate::cluster::Target;
+use crate::output::{Format, render};
+
+use super::{MemberCommand, pick_set};
+
+/// `tether member ...`.
+pub async fn member(target: &Target, cmd: MemberCommand) -> anyhow::Result<()> {
+    match cmd {
+        MemberCommand::Remove {
+            name,
+            clusterset,
+            ban,
+        } => remove(target, &name, clusterset.as_deref(), ban).await,
+        MemberCommand::Unban {
+            cluster_id,
+            clusterset,
+        } => unban(target, &cluster_id, clusterset.as_deref()).await,
+        MemberCommand::List { clusterset, output } => list(target, clusterset.as_deref(), output).await,
+    }
+}
+
+fn leader_set(set: &ClusterSet) -> anyhow::Result<()> {
+    if set.spec.role != tether_api::clusterset::ClusterSetRole::Leader {
+        bail!(
+            "ClusterSet {} is this cluster's membership, not a set it leads: run this on the leader cluster",
+            set.name_any()
+        );
+    }
+    Ok(())
+}
+
+fn banned(set: &ClusterSet) -> Vec<String> {
+    set.spec
+        .leader
+        .as_ref()
+        .map(|l| l.banned_cluster_ids.iter().map(|b| b.0.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// Writes the set's banned IDs, failing (rather than losing an admin's edit) if the set changed
+/// since it was read.
+async fn write_bans(sets: &Api<ClusterSet>, set: &ClusterSet, ids: &[String]) -> anyhow::Result<()> {
+    let patch = json!({
+        "metadata": {"resourceVersion": set.resource_version()},
+        "spec": {"leader": {"bannedClusterIDs": ids}},
+    });
+    sets.patch(&set.name_any(), &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .with_context(|| {
+            format!(
+                "cannot write the banned cluster IDs of ClusterSet {} (run it again if it changed meanwhile)",
+                set.name_any()
+            )
+        })?;
+    Ok(())
+}
+
+async fn remove(target: &Target, name: &str, clusterset: Option<&str>, ban: bool) -> anyhow::Result<()> {
+    let client = target.client().await?;
+    let ns = target.namespace.as_str();
+    let sets = Api::<ClusterSet>::namespaced(client.clone(), ns);
+    let set = pick_set(&sets, clusterset, ns).await?;
+    leader_set(&set)?;
+    let set_name = set.name_any();
+    let selector = SetRef::of(&set).selector();
+    let members = Api::<ManagedCluster>::all(client.clone())
+        .list(&ListParams::default().labels(&selector))
+        .await?;
+    let Some(mc) = members.items.into_iter().find(|m| m.name_any() == name) else {
+        bail!(
+            "no member {name} in ClusterSet {ns}/{set_name}: list them with `tether status --clusterset {set_name}`"
+        );
+    };
+    let id = mc.spec.cluster_id.clone();
+    let member_ns = mc.namespace().unwrap_or_default();
+    // NB: the ban first: a member removed and not yet banned could register again in between.
+    if ban {
+        let mut ids = banned(&set);
+        if !ids.contains(&id) {
+            ids.push(id.clone());
+            write_bans(&sets, &set, &ids).await?;
+        }
+    }
+    let requests = Api::<ClusterRegistrationRequest>::namespaced(client.clone(), ns);
+    for req in requests.list(&ListParams::default()).await?.items {
+        if req.spec.cluster_id == id {
+            requests.delete(&req.name_any(), &DeleteParams::default()).await?;
+        }
+    }
+    Api::<ManagedCluster>::namespaced(client.clone(), &member_ns)
+        .delete(name, &DeleteParams::default())
+        .await?;
+    // NB: only a namespace the leader made for this very member.
+    let namespaces = Api::<Namespace>::all(client);
+    if let Some(n) = namespaces.get_opt(&member_ns).await? {
+        let l = n.labels();
+        let made = l.get(labels::MANAGED_BY).map(String::as_str) == Some("tether-leader")
+            && l.get(labels::CLUSTER_NAME).map(String::as_str) == Some(name);
+        if made {
+            namespaces.delete(&member_ns, &DeleteParams::default()).await?;
+        } else {
+            eprintln!("namespace {member_ns} was not made by the leader for {name}: left in place");
+        }
+    }
+    if ban {
+        println!(
+            "member {name} (cluster ID {id}) removed from ClusterSet {set_name} and banned: its requests are \
+             denied and it cannot rejoin; lift it with `tether member unban {id} --clusterset {set_name} -n {ns}`"
+        );
+    } else {
+        println!(
+            "member {name} (cluster ID {id}) removed from ClusterSet {set_name}: namespace {member_ns} is being \
+             deleted and its credentials are dead. Its agent registers again if it holds a valid join token; \
+             add --ban to keep it out, or run `tether leave` on the member"
+        );
+    }
+    Ok(())
+}
+
+async fn unban(target: &Target, id: &str, clusterset: Option<&str>) -> anyhow::Result<()> {
+    let client = target.client().await?;
+    let ns = target.namespace.as_str();
+    let sets = Api::<ClusterSet>::namespaced(client, ns);
+    let set = pick_set(&sets, clusterset, ns).await?;
+    leader_set(&set)?;
+    let ids = banned(&set);
+    if !ids.iter().any(|b| b == id) {
+        println!(
+            "cluster ID {id} is not banned from ClusterSet {}; nothing to do",
+            set.name_any()
+        );
+        return Ok(());
+    }
+    let rest: Vec<String> = ids.into_iter().filter(|b| b != id).collect();
+    write_bans(&sets, &set, &rest).await?;
+    println!(
+        "cluster ID {id} may register in ClusterSet {} again (with a valid join token)",
+        set.name_any()
+    );
+    Ok(())
+}
+
+/// One row of `tether member list`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Row {
+    request: String,
+    cluster: String,
+    cluster_id: String,
+    result: String,
+    reason: String,
+    message: String,
+}
+
+async fn list(target: &Target, clusterset: Option<&str>, output: Format) -> anyhow::Result<()> {
+    let client = target.client().await?;
+    let ns = target.namespace.as_str();
+    let sets = Api::<ClusterSet>::namespaced(client.clone(), ns);
+    let set = pick_set(&sets, clusterset, ns).await?;
+    leader_set(&set)?;
+    let requests = Api::<ClusterRegistrationRequest>::namespaced(client, ns)
+        .list(&ListParams::default())
+        .await?;
+    let mut rows: Vec<Row> = requests
+        .items
+        .iter()
+        .filter_map(|r| {
+            let s = r.status.clone().unwrap_or_default();
+            (s.result != RegistrationResult::Approved).then(|| Row {
+                request: r.name_any(),
+                cluster: r.spec.cluster_name.clone(),
+                cluster_id: r.spec.cluster_id.clone(),
+                result: format!("{:?}", s.result),
+                reason: format!("{:?}", s.reason),
+                message: s.message.unwrap_or_default(),
+            })
+        })
+        .collect();
+    for id in banned(&set) {
+        rows.push(Row {
+            request: String::new(),
+            cluster: String::new(),
+            cluster_id: id.clone(),
+            result: "Banned".into(),
+            reason: "Banned".into(),
+            message: format!("lift with `tether member unban {id}`"),
+        });
+    }
+    if output == Format::Table && rows.is_empty() {
+        println!(
+            "no pending or denied requests and no banned cluster IDs in ClusterSet {}",
+            set.name_any()
+        );
+        return Ok(());
+    }
+    let table = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.request.clone(),
+                r.cluster.clone(),
+                r.cluster_id.clone(),
+                r.result.clone(),
+                r.reason.clone(),
+                r.message.clone(),
+            ]
+        })
+        .collect();
+    let headers = ["REQUEST", "CLUSTER", "CLUSTER ID", "RESULT", "REASON", "MESSAGE"];
+    print!("{}", render(output, &headers, table, &rows)?);
+    Ok(())
+}
