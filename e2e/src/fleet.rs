@@ -355,6 +355,17 @@ pub fn nodes(mc: &ManagedCluster) -> Option<String> {
     mc.status.as_ref()?.nodes.as_ref().map(|n| n.summary.clone())
 }
 
+/// When member `m`'s stored leader credential expires.
+pub async fn credential_expiry(m: &MemberSide) -> k8s_openapi::jiff::Timestamp {
+    let s = Api::<Secret>::namespaced(m.admin.clone(), HOME)
+        .get(tether_agent::state::CREDENTIAL_SECRET)
+        .await
+        .expect("credential Secret");
+    tether_agent::state::secret_text(&s, "expiration")
+        .and_then(|t| t.parse().ok())
+        .expect("expiration")
+}
+
 /// How many registration requests the leader holds for cluster ID `id`.
 pub async fn requests_for(admin: &Client, id: &str) -> usize {
     Api::<ClusterRegistrationRequest>::namespaced(admin.clone(), HOME)

@@ -228,13 +228,21 @@ where
         eprintln!("error: {what} cannot run here: {err}");
         return std::process::ExitCode::FAILURE;
     }
-    let trial = libtest_mimic::Trial::test(name, move || {
+    libtest_mimic::run(&args, vec![trial(name, test)]).exit_code()
+}
+
+/// One test of a lab binary: `test` on a runtime of its own.
+fn trial<F, Fut>(name: &'static str, test: F) -> libtest_mimic::Trial
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    libtest_mimic::Trial::test(name, move || {
         tokio::runtime::Runtime::new()
             .map_err(|e| libtest_mimic::Failed::from(e.to_string()))?
             .block_on(test());
         Ok(())
-    });
-    libtest_mimic::run(&args, vec![trial]).exit_code()
+    })
 }
 
 /// As `lab_main`, for a test too long for a plain `cargo test`: it is ignored unless the command
@@ -250,14 +258,7 @@ where
         eprintln!("error: {what} cannot run here: {err}");
         return std::process::ExitCode::FAILURE;
     }
-    let trial = libtest_mimic::Trial::test(name, move || {
-        tokio::runtime::Runtime::new()
-            .map_err(|e| libtest_mimic::Failed::from(e.to_string()))?
-            .block_on(test());
-        Ok(())
-    })
-    .with_ignored_flag(true);
-    libtest_mimic::run(&args, vec![trial]).exit_code()
+    libtest_mimic::run(&args, vec![trial(name, test).with_ignored_flag(true)]).exit_code()
 }
 
 /// One scenario of a shared-fixture test binary: it gets the fixture, and panics to fail.

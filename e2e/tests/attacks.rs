@@ -4,7 +4,8 @@
 //! what an attacker would try, and shows the refusal: a token minted for an agent taking over
 //! its tunnel, a second attach with the member's own key (replaced, with a Warning), a flood of
 //! idle connections, a peer without the front proxy's certificate, trickled request bodies, a
-//! malformed pass-through credential, forged audit fields, and revocation (the agent's
+//! malformed pass-through credential, forged audit fields, an anonymous caller at `rejoin`, and
+//! revocation (the agent's
 //! ServiceAccount deleted, the member removed) closing the tunnel within 10 s.
 //!
 //! One fixture, scenarios run in order (revocations last), each reported as its own test.
@@ -53,6 +54,7 @@ fn main() -> ExitCode {
         setup,
         scenarios![
             a_token_minted_for_the_agent_cannot_take_over_its_tunnel,
+            an_anonymous_caller_cannot_rejoin_as_a_member_nor_learn_who_is_one,
             an_attach_with_the_members_own_key_replaces_the_tunnel_with_a_warning,
             a_malformed_member_credential_is_refused_not_sent_as_anonymous,
             a_passed_through_member_token_is_not_readable_in_the_leaders_logs,
@@ -103,6 +105,80 @@ async fn setup() -> World {
         west,
         proxy,
     }
+}
+
+/// Anyone may ask `rejoin` for a challenge (an agent whose credential expired has no token),
+/// so an attacker without the member's key tries to get a credential with it: every answer is a
+/// challenge of the same kind whether or not the member exists, no proof but the real one is
+/// accepted, an attach proof does not rejoin, and nothing else of the proxy API is open to them.
+async fn an_anonymous_caller_cannot_rejoin_as_a_member_nor_learn_who_is_one(w: &World) {
+    let anonymous = w.leader.cluster.anonymous_client().expect("anonymous client");
+    let counted = |series: &'static str| async move {
+        let (_, text) = w
+            .leader
+            .controller
+            .admin_get("/metrics")
+            .await
+            .expect("leader /metrics");
+        tether_e2e::scale::metric(&text, series).unwrap_or(0.0)
+    };
+    let challenges = "tether_leader_proxy_requests_total{result=\"rejoin_challenge\"}";
+    let rejoined = counted(challenges).await;
+    let ask = |name: &str| {
+        let path = tether_tunnel::rejoin_path(&ns_of(name), name);
+        let anonymous = anonymous.clone();
+        async move { get(&anonymous, &path, &[]).await }
+    };
+    let member = ask("east").await.expect("a challenge for east");
+    let nobody = ask("zzzz")
+        .await
+        .expect("a challenge for a name nobody registered");
+    let sealed = |text: &str| {
+        serde_json::from_str::<tether_tunnel::proof::Challenge>(text)
+            .expect("a challenge")
+            .sealed
+    };
+    // NB: age pads each message with a random-length "grease" stanza, so sizes vary anyway.
+    for answer in [&member, &nobody] {
+        let armored = sealed(answer);
+        assert!(
+            armored.starts_with("-----BEGIN AGE ENCRYPTED FILE-----"),
+            "an age message either way: {answer}"
+        );
+    }
+    assert!(counted(challenges).await >= rejoined + 2.0);
+    let path = tether_tunnel::rejoin_path(&ns_of("east"), "east");
+    for forged in [
+        "1.2.3",
+        "1733270000.0123456789abcdef0123456789abcdef.00",
+        &format!(
+            "{}.0123456789abcdef0123456789abcdef.{}",
+            1_733_270_000,
+            "ab".repeat(32)
+        ),
+    ] {
+        let err = get(&anonymous, &path, &[("tether-attach-proof", forged)])
+            .await
+            .expect_err("a forged proof is refused");
+        assert_eq!(err.0, 403, "{forged}: {err:?}");
+    }
+    // The attach path, the proxy path and the leader's own API stay closed to anonymous callers.
+    for path in [
+        tether_tunnel::attach_path(&ns_of("east"), "east"),
+        format!(
+            "{}/api/v1/namespaces",
+            tether_tunnel::proxy_path(&ns_of("east"), "east")
+        ),
+        format!(
+            "/apis/multicluster.tether.dev/v1alpha1/namespaces/{}/managedclusters",
+            ns_of("east")
+        ),
+    ] {
+        let err = get(&anonymous, &path, &[]).await.expect_err("anonymous refused");
+        assert!(matches!(err.0, 401 | 403), "{path}: {err:?}");
+    }
+    let minted = counted("tether_leader_registrations_total{result=\"Rejoined\"}").await;
+    assert_eq!(minted, 0.0, "no credential was minted by rejoin");
 }
 
 /// Member side: the agent may impersonate tether:prod:alice, who may read namespaces (the

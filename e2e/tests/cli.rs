@@ -361,6 +361,34 @@ fn words_of(out: &str, starts: &str, name: &str) -> Vec<String> {
         .collect()
 }
 
+/// The documents `helm <args>` renders (`template`), as JSON values.
+fn rendered(args: &[String]) -> Vec<serde_json::Value> {
+    use serde::Deserialize;
+    let out = helm(args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let yaml = String::from_utf8_lossy(&out.stdout).to_string();
+    serde_norway::Deserializer::from_str(&yaml)
+        .filter_map(|d| serde_json::Value::deserialize(d).ok())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// Waits until member `name` of `set` has its ManagedCluster on the leader.
+async fn wait_joined(leader: &fleet::LeaderSide, set: &tether_api::SetRef, name: &str) {
+    let ns = tether_leader::naming::member_namespace(set, name);
+    eventually(
+        &format!("{name} joined {set}"),
+        Duration::from_secs(60),
+        || async {
+            Api::<ManagedCluster>::namespaced(leader.admin.clone(), &ns)
+                .get(name)
+                .await
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await;
+}
+
 fn helm(args: &[String]) -> Output {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let tmp = std::env::temp_dir();
@@ -376,7 +404,6 @@ fn helm(args: &[String]) -> Output {
 
 #[tokio::test]
 async fn every_command_init_prints_works_as_printed_for_a_set_outside_tether_system() {
-    use serde::Deserialize;
     let leader = fleet::leader_with("cli-produs", None).await;
     let (mut east, mut west) = tokio::join!(fleet::bare_member("east-us"), fleet::bare_member("west-us"));
     east.start_agent();
@@ -418,17 +445,7 @@ async fn every_command_init_prints_works_as_printed_for_a_set_outside_tether_sys
         .position(|w| w.starts_with("token="))
         .expect("token=");
     helm_args[token_value] = format!("token={fresh}");
-    let rendered = helm(&helm_args);
-    assert!(
-        rendered.status.success(),
-        "{}",
-        String::from_utf8_lossy(&rendered.stderr)
-    );
-    let yaml = String::from_utf8_lossy(&rendered.stdout).to_string();
-    let docs: Vec<serde_json::Value> = serde_norway::Deserializer::from_str(&yaml)
-        .filter_map(|d| serde_json::Value::deserialize(d).ok())
-        .filter(|v| !v.is_null())
-        .collect();
+    let docs = rendered(&helm_args);
     let membership = docs
         .iter()
         .find(|d| d["kind"] == "ClusterSet")
@@ -456,14 +473,7 @@ async fn every_command_init_prints_works_as_printed_for_a_set_outside_tether_sys
         .create(&pp, &member_set)
         .await
         .expect("Member ClusterSet");
-    let west_ns = tether_leader::naming::member_namespace(&set, "west");
-    eventually("west joined prod-us", Duration::from_secs(60), || async {
-        Api::<ManagedCluster>::namespaced(leader.admin.clone(), &west_ns)
-            .get("west")
-            .await
-            .map_err(|e| e.to_string())
-    })
-    .await;
+    wait_joined(&leader, &set, "west").await;
     east.kill_agent();
     west.kill_agent();
 }
@@ -474,7 +484,6 @@ async fn every_command_init_prints_works_as_printed_for_a_set_outside_tether_sys
 /// --config-file` and the agent chart with `-f` (rendered here; the node tier installs it).
 #[tokio::test]
 async fn the_join_file_from_init_works_verbatim_with_tether_join_and_with_helm() {
-    use serde::Deserialize;
     let leader = fleet::leader_with("cli-file", None).await;
     let (mut east, mut west) = tokio::join!(fleet::bare_member("east"), fleet::bare_member("west"));
     east.start_agent();
@@ -522,17 +531,7 @@ async fn the_join_file_from_init_works_verbatim_with_tether_join_and_with_helm()
     let mut helm_args = words_of(&out, "helm install", "west")[1..].to_vec();
     assert!(helm_args.contains(&"-f".to_string()), "{helm_args:?}");
     helm_args[0] = "template".into();
-    let rendered = helm(&helm_args);
-    assert!(
-        rendered.status.success(),
-        "{}",
-        String::from_utf8_lossy(&rendered.stderr)
-    );
-    let yaml = String::from_utf8_lossy(&rendered.stdout).to_string();
-    let docs: Vec<serde_json::Value> = serde_norway::Deserializer::from_str(&yaml)
-        .filter_map(|d| serde_json::Value::deserialize(d).ok())
-        .filter(|v| !v.is_null())
-        .collect();
+    let docs = rendered(&helm_args);
     let pp = kube::api::PostParams::default();
     for d in docs.iter().filter(|d| {
         d["kind"] == "ClusterSet" || (d["kind"] == "Secret" && d["metadata"]["name"] == "tether-join-token")
@@ -552,15 +551,96 @@ async fn the_join_file_from_init_works_verbatim_with_tether_join_and_with_helm()
         }
     }
     for name in ["east", "west"] {
-        let ns = tether_leader::naming::member_namespace(&tether_api::SetRef::new(HOME, SET), name);
-        eventually(&format!("{name} joined"), Duration::from_secs(60), || async {
-            Api::<ManagedCluster>::namespaced(leader.admin.clone(), &ns)
-                .get(name)
-                .await
-                .map_err(|e| e.to_string())
-        })
-        .await;
+        wait_joined(&leader, &tether_api::SetRef::new(HOME, SET), name).await;
     }
     east.kill_agent();
     west.kill_agent();
+}
+
+/// Every teardown works when the other side is gone: `tether leave --force` with no agent to
+/// deregister removes the membership here (finalizer, key, credential, property), and `tether
+/// destroy --force` with the leader controller dead removes the set, its members and its
+/// finalizer by itself.
+#[tokio::test]
+async fn leave_and_destroy_force_work_when_the_other_side_is_gone() {
+    use tether_api::about::ClusterProperty;
+    let mut leader = fleet::leader("cli-gone", serde_json::json!({})).await;
+    let token = tether_e2e::sim::join_token(&leader.admin).await;
+    let (mut east, mut west) = tokio::join!(
+        fleet::member("east", &leader, &token, serde_json::json!({})),
+        fleet::member("west", &leader, &token, serde_json::json!({})),
+    );
+    for name in ["east", "west"] {
+        fleet::wait_mc(&leader.admin, name, "Ready", |mc| {
+            fleet::ready(mc).as_deref() == Some("True")
+        })
+        .await;
+    }
+    let (lk, wk) = (
+        leader.cluster.kubeconfig().to_path_buf(),
+        west.cluster.kubeconfig().to_path_buf(),
+    );
+
+    // West's agent is gone: a plain leave waits for it; --force finishes by hand.
+    west.kill_agent();
+    let left = ok(&tether(&wk, &["leave", "--clusterset", SET, "--force"]).await);
+    assert!(
+        left.contains("without telling the leader") && left.contains("tether member remove west"),
+        "{left}"
+    );
+    let sets = Api::<ClusterSet>::namespaced(west.admin.clone(), HOME)
+        .list(&ListParams::default())
+        .await
+        .expect("sets");
+    assert!(sets.items.is_empty(), "no ClusterSet left in west");
+    let secrets = Api::<Secret>::namespaced(west.admin.clone(), HOME);
+    for s in ["tether-agent-key", "tether-agent-credential", "tether-join-token"] {
+        assert!(secrets.get_opt(s).await.expect("get").is_none(), "{s} removed");
+    }
+    assert!(
+        Api::<ClusterProperty>::all(west.admin.clone())
+            .get_opt("clusterset.k8s.io")
+            .await
+            .expect("get")
+            .is_none(),
+        "the clusterset.k8s.io property removed"
+    );
+
+    // The leader controller is gone: destroy --force does its part.
+    leader.controller.kill();
+    let out = ok(&tether(&lk, &["destroy", "--clusterset", SET, "--force"]).await);
+    assert!(out.contains("destroyed"), "{out}");
+    assert!(
+        Api::<ClusterSet>::namespaced(leader.admin.clone(), HOME)
+            .get_opt(SET)
+            .await
+            .expect("get")
+            .is_none()
+    );
+    let members = Api::<ManagedCluster>::all(leader.admin.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("members");
+    assert!(
+        members.items.is_empty(),
+        "{:?}",
+        members
+            .items
+            .iter()
+            .map(|m| m.metadata.name.clone())
+            .collect::<Vec<_>>()
+    );
+    eventually("the member namespaces go", Duration::from_secs(60), || async {
+        let left = Api::<Namespace>::all(leader.admin.clone())
+            .list(&ListParams::default().labels("app.kubernetes.io/managed-by=tether-leader"))
+            .await
+            .map_err(|e| e.to_string())?;
+        if left.items.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{} left", left.items.len()))
+        }
+    })
+    .await;
+    east.kill_agent();
 }

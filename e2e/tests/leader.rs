@@ -495,6 +495,50 @@ async fn a_compromised_leader_cannot_reach_beyond_its_members_namespaces() {
         mint(&east.namespace, "default").await,
     )
     .unwrap();
+    // It may create APIServices (RBAC cannot name an object in `create`), but only its own.
+    let apiservices = Api::<kube::api::DynamicObject>::all_with(
+        pod.clone(),
+        &kube::api::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("apiregistration.k8s.io", "v1", "APIService"),
+            "apiservices",
+        ),
+    );
+    let apiservice = |name: &str, group: &str, version: &str, ns: &str| {
+        serde_json::from_value::<kube::api::DynamicObject>(json!({
+            "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+            "metadata": {"name": name},
+            "spec": {"group": group, "version": version, "groupPriorityMinimum": 1000, "versionPriority": 15,
+                     "service": {"name": "tether-leader-proxy", "namespace": ns, "port": 443},
+                     "insecureSkipTLSVerify": true}}))
+        .expect("apiservice")
+    };
+    refused(
+        "an APIService for another group (intercepting its requests)",
+        apiservices
+            .create(
+                &pp,
+                &apiservice("v1.evil.example.com", "evil.example.com", "v1", "tether-system"),
+            )
+            .await
+            .map(drop),
+    )
+    .unwrap();
+    refused(
+        "its own APIService pointed at another namespace's Service",
+        apiservices
+            .create(
+                &pp,
+                &apiservice(
+                    tether_tunnel::API_SERVICE,
+                    tether_tunnel::GROUP,
+                    tether_tunnel::VERSION,
+                    "default",
+                ),
+            )
+            .await
+            .map(drop),
+    )
+    .unwrap();
     // What registration needs still works: a token for east's own agent.
     mint(&east.namespace, "tether-agent")
         .await

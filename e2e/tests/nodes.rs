@@ -606,5 +606,91 @@ async fn real_pods() {
         vec![("east".to_string(), "1/1".to_string())],
         "east is untouched"
     );
+
+    step(
+        start,
+        "helm uninstall tether-leader refuses while east is a member (its pre-delete hook)",
+    );
+    let uninstall_leader = [
+        "uninstall",
+        "tether-leader",
+        "-n",
+        NAMESPACE,
+        "--wait",
+        "--timeout",
+        "3m",
+    ];
+    let refused = Helm::v4().run(leader, &uninstall_leader);
+    assert!(!refused.status.success(), "{}", text(&refused));
+    let why = text(&shell(
+        leader,
+        &format!("kubectl -n {NAMESPACE} logs job/tether-leader-uninstall"),
+    ));
+    assert!(
+        why.contains("has 1 member(s): east") && why.contains("tether destroy"),
+        "{why}"
+    );
+    assert_chart_pods(leader, "tether-leader", 2, &new_image).await;
+
+    step(
+        start,
+        "the documented order: helm uninstall tether-agent in east, then tether-leader",
+    );
+    let (_, east, helm4) = members.iter().find(|m| m.0 == "east").expect("east");
+    helm4.ok(
+        east,
+        &[
+            "uninstall",
+            "tether-agent",
+            "-n",
+            NAMESPACE,
+            "--wait",
+            "--timeout",
+            "3m",
+        ],
+    );
+    eventually(
+        "east is removed at the leader",
+        Duration::from_secs(60),
+        || async {
+            let (ids, _) = identities(leader).await;
+            if ids.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{ids:?}"))
+            }
+        },
+    )
+    .await;
+    Helm::v4().ok(leader, &uninstall_leader);
+
+    step(
+        start,
+        "nothing Tether created is left in the leader or the members",
+    );
+    let mine = "-l app.kubernetes.io/managed-by=tether-leader";
+    for (cluster, line) in [
+        (leader, "kubectl get clustersets,managedclusters,clusterregistrationrequests,memberclusterannounces -A -o name".to_string()),
+        (leader, format!("kubectl get namespaces {mine} -o name")),
+        (leader, format!("kubectl -n kube-public get configmaps,roles,rolebindings {mine} -o name")),
+        (leader, format!("kubectl -n {NAMESPACE} get secrets,serviceaccounts,roles,rolebindings,deployments,jobs -o name")),
+        (leader, format!("kubectl -n {NAMESPACE} get endpointslices -l endpointslice.kubernetes.io/managed-by=tether-leader -o name")),
+        (leader, "kubectl -n kube-system get secrets -l multicluster.tether.dev/clusterset -o name".to_string()),
+        // NB: the CRDs stay (Helm never deletes them), and with them the API server's own
+        // local APIService of their group; the member-access one must be gone.
+        (leader, "kubectl get apiservice v1alpha1.proxy.multicluster.tether.dev --ignore-not-found -o name".to_string()),
+        (east, "kubectl get clustersets,clusterproperties -A -o name".to_string()),
+        (east, format!("kubectl -n {NAMESPACE} get secrets,deployments,jobs -o name")),
+        (west, "kubectl get clustersets,clusterproperties -A -o name".to_string()),
+        (west, format!("kubectl -n {NAMESPACE} get secrets,deployments,jobs -o name")),
+    ] {
+        let out = shell(cluster, &line);
+        let listed = String::from_utf8_lossy(&out.stdout).to_string();
+        let left: Vec<&str> = listed
+            .lines()
+            .filter(|l| l.contains("tether") && !l.contains("clusterproperty.about.k8s.io/cluster.clusterset.k8s.io"))
+            .collect();
+        assert!(out.status.success() && left.is_empty(), "{}: `{line}` lists {left:?}: {}", cluster.name(), text(&out));
+    }
     step(start, "done");
 }

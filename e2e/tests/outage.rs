@@ -12,15 +12,14 @@
 use std::process::{ExitCode, Output};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use serde_json::json;
-use tether_agent::state::{CREDENTIAL_SECRET, secret_text};
 use tether_api::registration::{RegistrationReason, RegistrationResult};
 use tether_api::{ClusterRegistrationRequest, ClusterSet};
-use tether_e2e::fleet::{self, MemberSide, kube_system_uid, managed, ready, wait_mc};
+use tether_e2e::fleet::{self, credential_expiry, kube_system_uid, managed, ready, wait_mc};
 use tether_e2e::sim::{HOME, SET, ns_of};
 use tether_testkit::controller::binary;
 use tether_testkit::{BootstrapToken, CreateToken, TestCluster, eventually, free_port, lab};
@@ -48,16 +47,6 @@ async fn tether(kubeconfig: &std::path::Path, args: &[&str]) -> Output {
         .args(args)
         .env("NO_COLOR", "1");
     cmd.output().await.expect("run tether")
-}
-
-async fn credential_expiry(m: &MemberSide) -> Timestamp {
-    let s = Api::<Secret>::namespaced(m.admin.clone(), HOME)
-        .get(CREDENTIAL_SECRET)
-        .await
-        .expect("credential Secret");
-    secret_text(&s, "expiration")
-        .and_then(|t| t.parse().ok())
-        .expect("expiration")
 }
 
 async fn requests(admin: &kube::Client) -> Vec<ClusterRegistrationRequest> {

@@ -10,25 +10,14 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Event, Secret};
+use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ListParams};
 use serde_json::json;
-use tether_agent::state::{CREDENTIAL_SECRET, secret_text};
 use tether_api::MemberClusterAnnounce;
-use tether_e2e::fleet::{self, MemberSide, kube_system_uid, managed, ready, requests_for, wait_mc};
+use tether_e2e::fleet::{self, credential_expiry, kube_system_uid, managed, ready, requests_for, wait_mc};
 use tether_e2e::sim::{HOME, SET, ns_of};
 use tether_testkit::{BootstrapToken, Controller, CreateToken, eventually};
-
-async fn credential_expiry(m: &MemberSide) -> Timestamp {
-    let s = Api::<Secret>::namespaced(m.admin.clone(), HOME)
-        .get(CREDENTIAL_SECRET)
-        .await
-        .expect("credential Secret");
-    secret_text(&s, "expiration")
-        .and_then(|t| t.parse().ok())
-        .expect("expiration")
-}
 
 /// Whether member `name` registered a second time and has heartbeated since `since`.
 async fn rejoined(admin: &kube::Client, name: &str, id: &str, since: Timestamp) -> bool {

@@ -195,6 +195,7 @@ async fn acquire(
     id: &Identity<'_>,
 ) -> Result<Stored, Error> {
     let ctx = &sh.ctx;
+    let mut unreachable = None;
     if let Some(previous) = previous {
         let anonymous = discovery::leader_client(discovery::leader_config(&spec.leader_url, trust, None)?)
             .map_err(|source| Error::Leader {
@@ -227,9 +228,31 @@ async fn acquire(
                 warn!(reason = %why, "The leader does not take this member back with its key; registering with the join token");
                 state::delete_secret(&ctx.client, &ctx.namespace, state::CREDENTIAL_SECRET).await?;
             }
+            // NB: the leader's API server answers but its proxy API does not (no serving replica
+            // yet, or an aggregator that cannot reach it): a valid join token still gets the
+            // member back (as the same member: same ID and key); the key is tried again next time.
+            Err(Error::RejoinUnreachable(why)) => unreachable = Some(why),
             Err(e) => return Err(e),
         }
     }
+    let registered = register_with_token(sh, spec, trust, id).await;
+    match (registered, unreachable) {
+        (
+            Err(Error::JoinTokenRejected | Error::JoinTokenMissing { .. } | Error::JoinTokenForbidden(_)),
+            Some(why),
+        ) => Err(Error::RejoinUnreachable(why)),
+        (registered, _) => registered,
+    }
+}
+
+/// Registers with the join token and stores the credential the leader approves.
+async fn register_with_token(
+    sh: &Arc<Shared>,
+    spec: &MemberSpec,
+    trust: &Trust,
+    id: &Identity<'_>,
+) -> Result<Stored, Error> {
+    let ctx = &sh.ctx;
     update(sh, |v| {
         v.registered = Some((
             false,

@@ -16,9 +16,9 @@ use tether_seal::MemberCredential;
 use crate::{Error, FIELD_MANAGER};
 
 /// The Secret holding the agent's private key.
-pub const KEY_SECRET: &str = "tether-agent-key";
+pub const KEY_SECRET: &str = tether_api::agent_secrets::KEY;
 /// The Secret holding the agent's leader credential.
-pub const CREDENTIAL_SECRET: &str = "tether-agent-credential";
+pub const CREDENTIAL_SECRET: &str = tether_api::agent_secrets::CREDENTIAL;
 
 fn api_err(op: &'static str, name: &str) -> impl FnOnce(kube::Error) -> Error {
     let name = name.to_string();

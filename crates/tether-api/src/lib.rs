@@ -117,6 +117,14 @@ pub mod properties {
     pub const CLUSTER_SET: &str = "clusterset.k8s.io";
 }
 
+/// The Secrets the agent keeps in its namespace (what `tether leave --force` removes by hand).
+pub mod agent_secrets {
+    /// The agent's private key.
+    pub const KEY: &str = "tether-agent-key";
+    /// The agent's leader credential.
+    pub const CREDENTIAL: &str = "tether-agent-credential";
+}
+
 /// Annotation keys Tether uses.
 pub mod annotations {
     /// On a ManagedCluster: the public key the member registered with (to recognise re-registration).

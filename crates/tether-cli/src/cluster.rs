@@ -104,3 +104,33 @@ where
         Err(_) => Ok(false),
     }
 }
+
+/// Takes finalizer `finalizer` off ClusterSet `name`, on the condition that it did not change
+/// since it was read (another writer's edit is never lost). Absent: nothing to do.
+pub async fn remove_finalizer(
+    sets: &kube::Api<tether_api::ClusterSet>,
+    name: &str,
+    finalizer: &str,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    use kube::ResourceExt;
+    let Some(current) = sets.get_opt(name).await? else {
+        return Ok(());
+    };
+    let rest: Vec<String> = current
+        .finalizers()
+        .iter()
+        .filter(|f| f.as_str() != finalizer)
+        .cloned()
+        .collect();
+    let patch =
+        serde_json::json!({"metadata": {"finalizers": rest, "resourceVersion": current.resource_version()}});
+    sets.patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(patch),
+    )
+    .await
+    .with_context(|| format!("cannot remove finalizer {finalizer} from ClusterSet {name}"))?;
+    Ok(())
+}

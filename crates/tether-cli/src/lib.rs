@@ -85,6 +85,9 @@ pub enum Command {
     Member(leader::MemberCommand),
     /// Leader: remove a ClusterSet, its tokens and (with --force) its members.
     Destroy(leader::DestroyArgs),
+    /// Leader: before `helm uninstall tether-leader` (its pre-delete hook runs it): refuses while
+    /// any set has members, else destroys the sets and removes what the leader made outside its chart.
+    Uninstall(leader::UninstallArgs),
     /// Member: join a leader's ClusterSet (the agent must be installed here).
     Join(join::JoinArgs),
     /// Member: leave the ClusterSet (the agent deregisters at the leader).
@@ -182,6 +185,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status(args) => leader::status(&target, args).await,
         Command::Member(cmd) => leader::member(&target, cmd).await,
         Command::Destroy(args) => leader::destroy(&target, args).await,
+        Command::Uninstall(args) => leader::uninstall(&target, args).await,
         Command::Join(args) => join::join(&target, args).await,
         Command::Leave(args) => leave::leave(&target, args).await,
         Command::Kubeconfig(args) => access::kubeconfig(&target, args).await,

@@ -192,11 +192,22 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
     info!("Leader controllers stopped");
 }
 
-/// Publishes the discovery ConfigMap once this replica leads, retrying until it works.
+/// Publishes the discovery ConfigMap once this replica leads a set, retrying until it works.
+/// NB: not before there is a Leader ClusterSet: after `tether uninstall` removed the sets and
+/// cluster-info, a replica that takes over while the chart is being removed must not put it back.
 async fn publish_discovery(ctx: Arc<Context>, url: String, mut leader: watch::Receiver<bool>) {
     loop {
         if leader.wait_for(|l| *l).await.is_err() {
             return;
+        }
+        let leads_a_set = ctx
+            .sets
+            .state()
+            .iter()
+            .any(|s| s.spec.role == tether_api::clusterset::ClusterSetRole::Leader);
+        if !leads_a_set {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            continue;
         }
         match discovery::publish(&ctx.client, &ctx.leader_ca, &url).await {
             Ok(()) => return,

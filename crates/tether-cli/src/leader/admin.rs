@@ -1,7 +1,7 @@
 //! `tether approve|deny` and `tether destroy`: an admin's decisions on requests and sets.
 
 use anyhow::{Context as _, bail};
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -10,7 +10,7 @@ use tether_api::registration::RegistrationResult;
 use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, SetRef};
 use tether_join::token::TOKEN_NAMESPACE;
 
-use crate::cluster::{Target, wait_deleted};
+use crate::cluster::{Target, remove_finalizer, wait_deleted};
 
 use super::{DecideArgs, DestroyArgs};
 
@@ -73,9 +73,24 @@ pub async fn destroy(target: &Target, args: DestroyArgs) -> anyhow::Result<()> {
         }
         sets.delete(set, &DeleteParams::default()).await?;
         eprintln!("deleting ClusterSet {ns}/{set}…");
-        if !wait_deleted(&sets, set, existing.uid(), args.wait).await? {
+        // NB: with --force the leader controller gets a short while; if it is gone, the CLI
+        // does its part (members, requests, its finalizer) with the admin's rights.
+        let first = if args.force {
+            args.wait.min(FORCE_GRACE)
+        } else {
+            args.wait
+        };
+        let mut gone = wait_deleted(&sets, set, existing.uid(), first).await?;
+        if !gone && args.force {
+            eprintln!("the leader controller has not finished within {first:?}; removing what it would");
+            remove_members(&client, ns, &selector).await?;
+            remove_finalizer(&sets, set, tether_api::LEADER_FINALIZER).await?;
+            gone = wait_deleted(&sets, set, existing.uid(), args.wait).await?;
+        }
+        if !gone {
             bail!(
-                "ClusterSet {set} is still being deleted after {:?}: see `kubectl describe clusterset -n {ns} {set}`",
+                "ClusterSet {set} is still being deleted after {:?}: see `kubectl describe clusterset -n {ns} {set}` \
+                 (is the leader controller running? --force finishes without it)",
                 args.wait
             );
         }
@@ -98,5 +113,31 @@ pub async fn destroy(target: &Target, args: DestroyArgs) -> anyhow::Result<()> {
         .delete_collection(&dp, &lp)
         .await?;
     println!("ClusterSet {set} destroyed: members, requests, join tokens and join RBAC removed");
+    Ok(())
+}
+
+/// How long `destroy --force` gives the leader controller before it does its part by hand.
+const FORCE_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Removes every member of the set `selector` names, as the leader would: its ManagedCluster,
+/// its namespace (only one the leader made: it carries the leader's label), and the set's
+/// registration requests in `ns`.
+async fn remove_members(client: &kube::Client, ns: &str, selector: &str) -> anyhow::Result<()> {
+    let lp = ListParams::default().labels(selector);
+    let namespaces = Api::<Namespace>::all(client.clone());
+    for mc in Api::<ManagedCluster>::all(client.clone()).list(&lp).await?.items {
+        let member_ns = mc.namespace().unwrap_or_default();
+        Api::<ManagedCluster>::namespaced(client.clone(), &member_ns)
+            .delete(&mc.name_any(), &DeleteParams::default())
+            .await?;
+        if let Some(n) = namespaces.get_opt(&member_ns).await?
+            && n.labels().get(tether_api::labels::MANAGED_BY).map(String::as_str) == Some("tether-leader")
+        {
+            namespaces.delete(&member_ns, &DeleteParams::default()).await?;
+        }
+    }
+    Api::<ClusterRegistrationRequest>::namespaced(client.clone(), ns)
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
     Ok(())
 }

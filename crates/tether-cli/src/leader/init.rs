@@ -68,7 +68,7 @@ pub async fn init(target: &Target, args: InitArgs) -> anyhow::Result<()> {
     let token = create_token(&client, &config, &set_ref, args.token_ttl).await?;
     let url = match &args.leader_url {
         Some(url) => url.clone(),
-        None => tether_join::discovery::published_url(&client)
+        None => published_url(&client)
             .await
             .unwrap_or_else(|| config.cluster_url.to_string())
             .trim_end_matches('/')
@@ -121,6 +121,18 @@ pub async fn init(target: &Target, args: InitArgs) -> anyhow::Result<()> {
         "\nThe token expires at {expires}; `tether token create --clusterset {set} -n {ns}` makes another."
     );
     Ok(())
+}
+
+/// The URL in `kube-public/cluster-info`. NB: the leader publishes it once it leads a set, a
+/// moment after it picked up the set `init` just made: give it a few seconds.
+async fn published_url(client: &Client) -> Option<String> {
+    for _ in 0..10 {
+        if let Some(url) = tether_join::discovery::published_url(client).await {
+            return Some(url);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    None
 }
 
 /// The join config `init --output` writes: the agent chart's own values, so one file serves

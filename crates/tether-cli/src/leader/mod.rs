@@ -6,12 +6,14 @@ mod init;
 mod member;
 mod status;
 mod token;
+mod uninstall;
 
 pub use admin::{decide, destroy};
 pub use init::{JoinToken, create_token, helm_command, init, join_file};
 pub use member::member;
 pub use status::status;
 pub use token::token;
+pub use uninstall::{UninstallArgs, uninstall};
 
 use std::time::Duration;
 

@@ -54,8 +54,8 @@ pub(super) async fn rejoin(req: Request<Incoming>, m: MemberKey, sh: &Arc<Shared
     let member = eligible(sh, &m);
     let now = unix_now();
     let Some(given) = req.headers().get(ATTACH_PROOF) else {
-        // NB: the same answer, of the same size, whether or not `m` may rejoin: only its key
-        // holder can tell them apart.
+        // NB: the same kind of answer (age pads each with a random-length stanza) whether or not
+        // `m` may rejoin: only its key holder can tell them apart.
         let key = member.as_ref().map_or(sh.decoy.as_str(), |(_, k, _)| k.as_str());
         let token = sh.challenges.issue(&m, Purpose::Rejoin, now);
         sh.ctx.metrics.proxied("rejoin_challenge");

@@ -1,0 +1,125 @@
+//! `tether uninstall`: what must happen before `helm uninstall tether-leader` (the chart runs it
+//! as a pre-delete hook). It refuses while any ClusterSet in the namespace has members, as
+//! `destroy` does, so an uninstall never strands a fleet silently; otherwise it destroys the
+//! sets and removes what the leader created outside its chart: `kube-public/cluster-info` and
+//! its anonymous read access, the proxy's serving Secret and EndpointSlice, and the APIService.
+//! Only objects carrying the leader's label are touched (a kubeadm `cluster-info` stays).
+
+use std::time::Duration;
+
+use anyhow::bail;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::ResourceExt;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams};
+use kube::core::GroupVersionKind;
+use tether_api::clusterset::ClusterSetRole;
+use tether_api::{ClusterSet, ManagedCluster, SetRef, labels};
+
+use crate::cluster::Target;
+
+use super::{DestroyArgs, destroy};
+
+/// `tether uninstall`.
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Examples:\n  tether uninstall -n tether-system && helm uninstall tether-leader -n tether-system"
+)]
+pub struct UninstallArgs {
+    /// How long to wait for each ClusterSet to go.
+    #[arg(long, default_value = "120s", value_parser = tether_api::duration::parse)]
+    pub wait: Duration,
+}
+
+/// The label value of everything the leader makes.
+const LEADER: &str = "tether-leader";
+
+/// `tether uninstall`.
+pub async fn uninstall(target: &Target, args: UninstallArgs) -> anyhow::Result<()> {
+    let client = target.client().await?;
+    let ns = target.namespace.as_str();
+    let sets: Vec<ClusterSet> = Api::<ClusterSet>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|s| s.spec.role == ClusterSetRole::Leader)
+        .collect();
+    let mut refusals = Vec::new();
+    for set in &sets {
+        let members = Api::<ManagedCluster>::all(client.clone())
+            .list(&ListParams::default().labels(&SetRef::of(set).selector()))
+            .await?;
+        if !members.items.is_empty() {
+            let names: Vec<String> = members.items.iter().map(|m| m.name_any()).collect();
+            refusals.push(format!(
+                "ClusterSet {} has {} member(s): {}",
+                set.name_any(),
+                names.len(),
+                names.join(", ")
+            ));
+        }
+    }
+    if !refusals.is_empty() {
+        bail!(
+            "not uninstalling Tether from namespace {ns}: {}. Run `tether leave` in each member (or \
+             `tether member remove NAME` here), or `tether destroy --clusterset <SET> --force -n {ns}` to \
+             remove them all; then uninstall again",
+            refusals.join("; ")
+        );
+    }
+    for set in &sets {
+        destroy(
+            target,
+            DestroyArgs {
+                clusterset: set.name_any(),
+                force: false,
+                wait: args.wait,
+            },
+        )
+        .await?;
+    }
+    let mine = ListParams::default().labels(&format!("{}={LEADER}", labels::MANAGED_BY));
+    let dp = DeleteParams::default();
+    let public = tether_join::discovery::DISCOVERY_NAMESPACE;
+    Api::<ConfigMap>::namespaced(client.clone(), public)
+        .delete_collection(&dp, &mine)
+        .await?;
+    Api::<RoleBinding>::namespaced(client.clone(), public)
+        .delete_collection(&dp, &mine)
+        .await?;
+    Api::<Role>::namespaced(client.clone(), public)
+        .delete_collection(&dp, &mine)
+        .await?;
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .delete_collection(&dp, &mine)
+        .await?;
+    Api::<EndpointSlice>::namespaced(client.clone(), ns)
+        .delete_collection(
+            &dp,
+            &ListParams::default().labels(&format!("endpointslice.kubernetes.io/managed-by={LEADER}")),
+        )
+        .await?;
+    let apiservices = Api::<DynamicObject>::all_with(
+        client,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("apiregistration.k8s.io", "v1", "APIService"),
+            "apiservices",
+        ),
+    );
+    if let Some(svc) = apiservices.get_opt(tether_tunnel::API_SERVICE).await?
+        && svc.labels().get(labels::MANAGED_BY).map(String::as_str) == Some(LEADER)
+    {
+        apiservices.delete(tether_tunnel::API_SERVICE, &dp).await?;
+    }
+    println!(
+        "Tether's objects outside the chart are removed from the leader cluster ({} ClusterSet(s) destroyed); \
+         `helm uninstall tether-leader -n {ns}` removes the rest. Helm never deletes CRDs: `kubectl delete crd \
+         clustersets.multicluster.tether.dev managedclusters.multicluster.tether.dev \
+         memberclusterannounces.multicluster.tether.dev clusterregistrationrequests.multicluster.tether.dev` \
+         does, once no cluster here is a member either",
+        sets.len()
+    );
+    Ok(())
+}
