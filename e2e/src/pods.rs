@@ -212,6 +212,63 @@ pub async fn ready_members(leader: &TestCluster) -> Vec<(String, String)> {
     out
 }
 
+/// Runs `line`, a `helm` command as printed, with `helm` against `cluster`, adding `--wait`.
+fn run_printed(helm: &Helm, cluster: &TestCluster, line: &str) {
+    let mut args = words(line);
+    assert_eq!(args.first().map(String::as_str), Some("helm"), "{line}");
+    args.remove(0);
+    args.extend(["--wait".into(), "--timeout".into(), "3m".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    helm.ok(cluster, &args);
+}
+
+/// The two-step join of member `name`, every command as printed: the agent chart installed with
+/// no values (an idle agent that says NotJoined), then the `helm upgrade ... -f join.yaml` its
+/// NOTES print, with the file `tether init --output` wrote on the leader.
+fn two_step_join(start: Instant, leader: &TestCluster, name: &str, helm: &Helm, cluster: &TestCluster) {
+    step(
+        start,
+        &format!(
+            "helm {} install tether-agent in {name} with no values: an idle agent",
+            helm.major
+        ),
+    );
+    helm.ok(
+        cluster,
+        &[
+            "install",
+            "tether-agent",
+            "charts/tether-agent",
+            "-n",
+            NAMESPACE,
+            "--create-namespace",
+            "--wait",
+            "--timeout",
+            "3m",
+        ],
+    );
+    let idle = text(&shell(cluster, &format!("tether status -n {NAMESPACE}")));
+    assert!(idle.contains("NotJoined"), "{idle}");
+    let dir = std::env::temp_dir().join(format!("tether-join-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("join dir");
+    let file = dir.join("join.yaml").display().to_string();
+    let init = shell(
+        leader,
+        &format!("tether init --clusterset prod -n {NAMESPACE} --output {file}"),
+    );
+    assert!(init.status.success(), "tether init --output: {}", text(&init));
+    let notes = helm.ok(cluster, &["get", "notes", "tether-agent", "-n", NAMESPACE]);
+    let line = printed_command(&notes, "helm upgrade tether-agent")
+        .replace("<CLUSTER-NAME>", name)
+        .replace(" join.yaml ", &format!(" {file} "));
+    step(
+        start,
+        &format!("  {name} joins with the NOTES' command: {}", line.trim()),
+    );
+    run_printed(helm, cluster, &line);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A running real-pod fleet: the leader and its members, each a cluster with one node.
 pub struct PodFleet {
     /// The leader cluster.
@@ -229,7 +286,8 @@ pub fn step(start: Instant, what: &str) {
 
 /// Starts the leader and the members (one node each, in parallel), installs the leader chart,
 /// runs `tether init`, installs the agent chart in each member with the printed values (member
-/// `i` with `helms[i]`), and waits until every member is Ready at the leader.
+/// `i` with `helms[i]`; the second in two steps, idle then joined with `init --output`'s file),
+/// and waits until every member is Ready at the leader.
 pub async fn up(root: Option<&Path>, members: &[(&str, Helm)], start: Instant) -> PodFleet {
     step(
         start,
@@ -297,7 +355,12 @@ pub async fn up(root: Option<&Path>, members: &[(&str, Helm)], start: Instant) -
     );
 
     let mut fleet_members = Vec::new();
-    for ((name, helm), cluster) in members.iter().zip(member_clusters) {
+    for (i, ((name, helm), cluster)) in members.iter().zip(member_clusters).enumerate() {
+        if i == 1 {
+            two_step_join(start, &leader, name, helm, &cluster);
+            fleet_members.push((name.to_string(), cluster, helm.clone()));
+            continue;
+        }
         step(
             start,
             &format!(
@@ -306,12 +369,7 @@ pub async fn up(root: Option<&Path>, members: &[(&str, Helm)], start: Instant) -
             ),
         );
         let line = helm_line.replace("<CLUSTER-NAME>", name);
-        let mut args = words(&line);
-        assert_eq!(args.first().map(String::as_str), Some("helm"), "{line}");
-        args.remove(0);
-        args.extend(["--wait".into(), "--timeout".into(), "3m".into()]);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        helm.ok(&cluster, &args);
+        run_printed(helm, &cluster, &line);
         fleet_members.push((name.to_string(), cluster, helm.clone()));
     }
 

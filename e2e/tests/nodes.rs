@@ -1,8 +1,9 @@
 //! The node tier: Tether as real pods. Three clusters (a leader and two members), each with a
 //! real node (containerd, kubelet, kube-proxy) running the project's own image from `make
 //! image`; both charts installed with `helm install --wait` (the leader with 2 replicas; member
-//! `east` with Helm 4, `west` with Helm 3), the agents joining with the values `tether init`
-//! printed, then failover, `helm upgrade` and `helm uninstall` as users do them.
+//! `east` with Helm 4 with the values `tether init` printed, `west` with Helm 3 in two steps:
+//! idle, then joined with the file `tether init --output` wrote), then failover, `helm upgrade`
+//! and `helm uninstall` (agents, then the leader, leaving nothing) as users do them.
 //!
 //! This binary has its own `main` (libtest-mimic): it must move into its lab network namespace
 //! (`tether_testkit::lab::enter`) before any thread starts, so every address it uses lives in
