@@ -3,7 +3,7 @@
 # running as a non-root user. The charts pick the role with the first argument.
 #
 # Users, with a container engine:
-#   docker build -t ghcr.io/tether-dev/tether:0.1.0 --build-arg TETHER_GIT_SHA=$(git rev-parse --short HEAD) .
+#   docker build -t ghcr.io/tether-dev/tether:0.2.0 --build-arg TETHER_GIT_SHA=$(git rev-parse --short HEAD) .
 # The project, with no daemon and no registry (`make image`, e2e/image.sh): the same binaries are
 # built on the host with the same cargo command, then
 #   buildah bud --build-arg BINARIES=prebuilt ...

@@ -149,6 +149,40 @@ async fn assert_chart_pods(cluster: &TestCluster, app: &str, want: usize, image:
     }
 }
 
+/// The UID of the leader's ClusterSet `prod`.
+async fn leader_set_uid(leader: &TestCluster) -> Option<String> {
+    Api::<ClusterSet>::namespaced(leader.client().expect("client"), NAMESPACE)
+        .get("prod")
+        .await
+        .expect("ClusterSet prod")
+        .metadata
+        .uid
+}
+
+/// With `check` true, whether the ClusterSet CRD's schema has `spec.leader.bannedClusterIDs`;
+/// with `check` false, removes that field from the schema, as an older release's CRD lacked it.
+async fn set_banned_field(cluster: &TestCluster, check: bool) -> bool {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds = Api::<CustomResourceDefinition>::all(cluster.client().expect("client"));
+    let name = "clustersets.multicluster.tether.dev";
+    let crd = crds.get(name).await.expect("ClusterSet CRD");
+    let mut v = serde_json::to_value(&crd).expect("json");
+    let leader = &mut v["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["leader"]["properties"];
+    if check {
+        return leader.get("bannedClusterIDs").is_some();
+    }
+    leader
+        .as_object_mut()
+        .expect("leader properties")
+        .remove("bannedClusterIDs");
+    let older: CustomResourceDefinition = serde_json::from_value(v).expect("crd");
+    crds.replace(name, &Default::default(), &older)
+        .await
+        .expect("an older CRD");
+    true
+}
+
 /// Runs every command a chart's NOTES.txt prints for this release, as printed.
 fn run_notes(cluster: &TestCluster, helm: &Helm, release: &str) {
     let notes = helm.ok(cluster, &["get", "notes", release, "-n", NAMESPACE]);
@@ -511,6 +545,12 @@ async fn real_pods() {
             assert!(o.status.success(), "ctr images tag: {}", text(&o));
         }
     }
+    // The CRDs as an older release left them (a field missing), with objects stored under them:
+    // the upgrade's hook brings them to this version's schemas and keeps the objects.
+    let prod_uid = leader_set_uid(leader).await;
+    for cluster in std::iter::once(leader).chain(members.iter().map(|m| &m.1)) {
+        set_banned_field(cluster, false).await;
+    }
     let set_tag = format!("image.tag={new_tag}");
     Helm::v4().upgrade_reusing(leader, "tether-leader", &[&set_tag, "logLevel=debug"]);
     for (name, cluster, helm) in members {
@@ -537,6 +577,18 @@ async fn real_pods() {
             args_of(chart_pods(cluster, "tether-agent").await).contains(&"--lease-duration=20".to_string())
         );
     }
+    for cluster in std::iter::once(leader).chain(members.iter().map(|m| &m.1)) {
+        assert!(
+            set_banned_field(cluster, true).await,
+            "{}: helm upgrade applied the ClusterSet CRD's current schema",
+            cluster.name()
+        );
+    }
+    assert_eq!(
+        leader_set_uid(leader).await,
+        prod_uid,
+        "the ClusterSet kept across the CRD upgrade"
+    );
     assert_members_kept(leader, &(ids.clone(), requests), "the upgrade").await;
     step(
         start,

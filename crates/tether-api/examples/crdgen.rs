@@ -6,14 +6,19 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use tether_api::crds::Side;
+
 /// Files under `config/` the leader chart installs, and their copies' names under its `files/`.
 const LEADER_FILES: [(&str, &str); 2] = [
     ("proxy/leader-proxy.yaml", "proxy.yaml"),
     ("policy/leader-scope.yaml", "admission-policy.yaml"),
 ];
 
-/// The charts and the RBAC file each one installs.
-const CHARTS: [(&str, &str); 2] = [("tether-leader", "leader.yaml"), ("tether-agent", "agent.yaml")];
+/// The charts, the RBAC file each one installs and the side whose CRDs it ships.
+const CHARTS: [(&str, &str, Side); 2] = [
+    ("tether-leader", "leader.yaml", Side::Leader),
+    ("tether-agent", "agent.yaml", Side::Agent),
+];
 
 fn main() -> ExitCode {
     let check = std::env::args().any(|a| a == "--check");
@@ -28,14 +33,27 @@ fn main() -> ExitCode {
             }
         };
         files.push((root.join("config/crd").join(file), yaml.clone()));
-        for (chart, _) in CHARTS {
-            files.push((
-                root.join("charts").join(chart).join("crds").join(file),
-                yaml.clone(),
-            ));
+        for (chart, _, side) in CHARTS {
+            if tether_api::crds::for_side(side).iter().any(|(f, _)| *f == file) {
+                files.push((
+                    root.join("charts").join(chart).join("crds").join(file),
+                    yaml.clone(),
+                ));
+            }
         }
     }
-    for (chart, rbac) in CHARTS {
+    // NB: a chart's crds/ holds exactly its side's CRDs: anything else there is stale too.
+    let mut extra = Vec::new();
+    for (chart, _, _) in CHARTS {
+        let dir = root.join("charts").join(chart).join("crds");
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if !files.iter().any(|(p, _)| *p == path) {
+                extra.push(path);
+            }
+        }
+    }
+    for (chart, rbac, _) in CHARTS {
         let source = root.join("config/rbac").join(rbac);
         match std::fs::read_to_string(&source) {
             Ok(text) => files.push((
@@ -61,6 +79,14 @@ fn main() -> ExitCode {
         }
     }
     let mut stale = Vec::new();
+    for path in &extra {
+        if check {
+            stale.push(relative(&root, path));
+        } else if let Err(err) = std::fs::remove_file(path) {
+            eprintln!("error: cannot remove {}: {err}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
     for (path, contents) in &files {
         if check {
             if std::fs::read_to_string(path).ok().as_deref() != Some(contents.as_str()) {

@@ -26,6 +26,28 @@ pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
     ]
 }
 
+/// Which side of a set a chart installs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// The leader: every kind.
+    Leader,
+    /// A member: only what its agent reads and writes there (its ClusterSet and the
+    /// ClusterProperty); the leader-only kinds have no business on members.
+    Agent,
+}
+
+/// The CRDs `side` installs, each with its file name.
+pub fn for_side(side: Side) -> Vec<(&'static str, CustomResourceDefinition)> {
+    all()
+        .into_iter()
+        .filter(|(_, crd)| {
+            side == Side::Leader
+                || crd.spec.names.kind == "ClusterSet"
+                || crd.spec.names.kind == "ClusterProperty"
+        })
+        .collect()
+}
+
 /// The ClusterRegistrationRequest CRD, whose status defaults to `{}` so that the API server fills
 /// in `result: Pending` from creation on and RESULT is never blank, even before the leader looks.
 pub fn registration_request() -> CustomResourceDefinition {

@@ -1,9 +1,11 @@
 //! The `tether` command line: one binary for the leader side (`init`, `token`, `approve`, `deny`,
-//! `status`, `destroy`) and the member side (`join`, `leave`). Installed as `kubectl-tether` it is
+//! `member`, `status`, `destroy`, `uninstall`) and the member side (`join`, `leave`), plus `crds`
+//! for both charts' hooks. Installed as `kubectl-tether` it is
 //! a kubectl plugin. Every command is idempotent and fails with a message that says what to do.
 
 pub mod access;
 pub mod cluster;
+pub mod crds;
 pub mod join;
 pub mod leader;
 pub mod leave;
@@ -94,6 +96,9 @@ pub enum Command {
     Leave(leave::LeaveArgs),
     /// Leader: print a kubeconfig that reaches a member through the leader (its proxy API).
     Kubeconfig(access::KubeconfigArgs),
+    /// Apply this version's CRDs (the charts' install and upgrade hooks run it).
+    #[command(subcommand)]
+    Crds(crds::CrdsCommand),
     /// Print the CLI's version and the Tether controllers it can see.
     Version,
     /// Print shell completions (bash, zsh, fish, powershell, elvish).
@@ -189,6 +194,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Join(args) => join::join(&target, args).await,
         Command::Leave(args) => leave::leave(&target, args).await,
         Command::Kubeconfig(args) => access::kubeconfig(&target, args).await,
+        Command::Crds(cmd) => crds::crds(&target, cmd).await,
         Command::Version => version(&target).await,
         Command::Completions { .. } => Ok(()),
     }

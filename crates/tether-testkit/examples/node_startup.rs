@@ -32,7 +32,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         let pod: Pod = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "probe"},
             "spec": {"containers": [{
-                "name": "tether", "image": "ghcr.io/tether-dev/tether:0.1.0", "imagePullPolicy": "Never",
+                "name": "tether", "image": "ghcr.io/tether-dev/tether:0.2.0", "imagePullPolicy": "Never",
                 "args": ["agent", "--help"], "command": ["/usr/local/bin/tether-controller"]
             }], "restartPolicy": "Never"}
         }))?;
