@@ -6,6 +6,7 @@
 //!
 //! Only the replica holding the Lease runs sessions; the others keep their cache warm.
 
+pub mod endpoint;
 pub mod loops;
 pub mod metrics;
 pub mod register;
@@ -295,11 +296,11 @@ async fn leave(ctx: &Context, set: &ClusterSet) -> Result<(), Error> {
         } else {
             discovery::Trust::Ca(stored.credential.ca_cert.clone())
         };
-        let config = discovery::leader_config(&spec.leader_url, &trust, Some(&stored.credential.token))?;
-        let client = discovery::leader_client(config).map_err(|source| Error::Leader {
-            op: "build client",
-            source,
-        })?;
+        let leader = endpoint::LeaderEndpoint {
+            url: spec.leader_url.clone(),
+            trust,
+        };
+        let client = leader.client(Some(&stored.credential.token))?;
         let api = Api::<MemberClusterAnnounce>::namespaced(client, &stored.credential.namespace);
         let deregister = async {
             loop {

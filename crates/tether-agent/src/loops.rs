@@ -17,16 +17,15 @@ use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use rand::Rng;
 use serde_json::json;
-use tether_api::clusterset::MemberSpec;
 use tether_api::conditions::Reason;
 use tether_api::{ManagedCluster, MemberClusterAnnounce};
-use tether_join::discovery::Trust;
 use tether_join::settle::Settle;
 use tokio::sync::{Notify, watch};
 use tracing::{info, warn};
 
+use crate::endpoint::LeaderEndpoint;
 use crate::report::{Report, summarize, worth_writing};
-use crate::session::{Shared, expiry, leader_client, update};
+use crate::session::{Shared, expiry, update};
 use crate::state::{self, Stored};
 use crate::view::time;
 use crate::{Error, FIELD_MANAGER};
@@ -278,8 +277,7 @@ pub async fn request_token(
 
 pub(crate) async fn renew(
     sh: &Arc<Shared>,
-    spec: &MemberSpec,
-    trust: &Trust,
+    leader: &LeaderEndpoint,
     mut stored: Stored,
     client_tx: watch::Sender<Client>,
 ) -> Result<(), Error> {
@@ -292,7 +290,7 @@ pub(crate) async fn renew(
                 stored.credential.token = status.token;
                 stored.credential.expiration_timestamp = status.expiration_timestamp.0.to_string();
                 state::store_credential(&sh.ctx.client, &sh.ctx.namespace, &stored).await?;
-                client_tx.send_replace(leader_client(spec, trust, &stored)?);
+                client_tx.send_replace(leader.client(Some(&stored.credential.token))?);
                 sh.ctx.metrics.renewal(true);
                 info!(expires = %stored.credential.expiration_timestamp, "Credential renewed");
                 let exp = expiry(&stored).map(time);

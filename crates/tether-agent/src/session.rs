@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Client, ResourceExt};
 use rand::Rng;
 use tether_api::clusterset::MemberSpec;
 use tether_api::conditions::{EventReason, Reason};
@@ -24,6 +24,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use crate::endpoint::LeaderEndpoint;
 use crate::loops::{heartbeat, renew, report};
 use crate::register::{Registration, Target, register};
 use crate::state::{self, Stored};
@@ -117,6 +118,10 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
         }
     };
     update(sh, |v| v.ca_verified = Some(verified)).await;
+    let leader = LeaderEndpoint {
+        url: spec.leader_url.clone(),
+        trust,
+    };
 
     let cluster_id = state::cluster_id(&ctx.client, spec.cluster_id.as_deref()).await?;
     let (identity, recipient) = state::key_pair(&ctx.client, &ctx.namespace).await?;
@@ -128,7 +133,7 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
                 identity: &identity,
                 recipient: &recipient,
             };
-            let stored = acquire(sh, spec, &trust, previous, &id).await?;
+            let stored = acquire(sh, spec, &leader, previous, &id).await?;
             sh.refused.store(false, Ordering::Release);
             stored
         }
@@ -148,11 +153,7 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
     state::write_property(&ctx.client, properties::CLUSTER_ID, &cluster_id).await?;
     state::write_property(&ctx.client, properties::CLUSTER_SET, &sh.set.name_any()).await?;
 
-    let leader_trust = match &trust {
-        Trust::Insecure => Trust::Insecure,
-        Trust::Ca(ca) => Trust::Ca(ca.clone()),
-    };
-    let (client_tx, client_rx) = watch::channel(leader_client(spec, &leader_trust, &stored)?);
+    let (client_tx, client_rx) = watch::channel(leader.client(Some(&stored.credential.token))?);
     let name = spec.cluster_name.clone();
     let tunnel = async {
         match ctx.access.clone() {
@@ -171,7 +172,7 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
     tokio::try_join!(
         heartbeat(sh, client_rx.clone(), &namespace, &name),
         report(sh, client_rx.clone(), &namespace, &name),
-        renew(sh, spec, &leader_trust, stored.clone(), client_tx),
+        renew(sh, &leader, stored.clone(), client_tx),
         tunnel,
     )?;
     Ok(())
@@ -190,18 +191,14 @@ struct Identity<'a> {
 async fn acquire(
     sh: &Arc<Shared>,
     spec: &MemberSpec,
-    trust: &Trust,
+    leader: &LeaderEndpoint,
     previous: Option<Stored>,
     id: &Identity<'_>,
 ) -> Result<Stored, Error> {
     let ctx = &sh.ctx;
     let mut unreachable = None;
     if let Some(previous) = previous {
-        let anonymous = discovery::leader_client(discovery::leader_config(&spec.leader_url, trust, None)?)
-            .map_err(|source| Error::Leader {
-                op: "build client",
-                source,
-            })?;
+        let anonymous = leader.client(None)?;
         let member = crate::rejoin::Member {
             namespace: &previous.credential.namespace,
             name: &spec.cluster_name,
@@ -235,7 +232,7 @@ async fn acquire(
             Err(e) => return Err(e),
         }
     }
-    let registered = register_with_token(sh, spec, trust, id).await;
+    let registered = register_with_token(sh, spec, leader, id).await;
     match (registered, unreachable) {
         (
             Err(Error::JoinTokenRejected | Error::JoinTokenMissing { .. } | Error::JoinTokenForbidden(_)),
@@ -249,7 +246,7 @@ async fn acquire(
 async fn register_with_token(
     sh: &Arc<Shared>,
     spec: &MemberSpec,
-    trust: &Trust,
+    leader: &LeaderEndpoint,
     id: &Identity<'_>,
 ) -> Result<Stored, Error> {
     let ctx = &sh.ctx;
@@ -262,13 +259,7 @@ async fn register_with_token(
     })
     .await;
     let token = join_token(ctx, spec).await?;
-    let bootstrap =
-        discovery::leader_client(discovery::leader_config(&spec.leader_url, trust, Some(&token))?).map_err(
-            |source| Error::Leader {
-                op: "build client",
-                source,
-            },
-        )?;
+    let bootstrap = leader.client(Some(&token))?;
     let reg = Registration {
         cluster_id: id.cluster_id,
         cluster_name: &spec.cluster_name,
@@ -321,14 +312,6 @@ pub(crate) fn expiry(s: &Stored) -> Option<Timestamp> {
 
 fn expired(s: &Stored) -> bool {
     expiry(s).is_none_or(|e| e <= Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(30))
-}
-
-pub(crate) fn leader_client(spec: &MemberSpec, trust: &Trust, s: &Stored) -> Result<Client, Error> {
-    let config = discovery::leader_config(&spec.leader_url, trust, Some(&s.credential.token))?;
-    discovery::leader_client(config).map_err(|source| Error::Leader {
-        op: "build client",
-        source,
-    })
 }
 
 /// Turns a session failure into status, an Event where a user must act, and a log line.
