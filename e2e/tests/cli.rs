@@ -644,3 +644,91 @@ async fn leave_and_destroy_force_work_when_the_other_side_is_gone() {
     .await;
     east.kill_agent();
 }
+
+/// `tether member remove|list|unban` as an admin types them: a removed member whose agent still
+/// holds a valid join token registers again (a new namespace); removed with `--ban` it is Denied
+/// `Banned` (listed, naming the unban); after `unban` it registers again by itself.
+#[tokio::test]
+async fn member_remove_ban_list_and_unban() {
+    use tether_api::registration::{RegistrationReason, RegistrationResult};
+    let leader = fleet::leader(
+        "cli-member",
+        serde_json::json!({"heartbeatInterval": "2s", "gracePeriod": "6s"}),
+    )
+    .await;
+    let token = tether_e2e::sim::join_token(&leader.admin).await;
+    let mut east = fleet::member("east", &leader, &token, serde_json::json!({})).await;
+    let ready = |leader: &fleet::LeaderSide| {
+        let admin = leader.admin.clone();
+        async move {
+            fleet::wait_mc(&admin, "east", "Ready", |mc| {
+                fleet::ready(mc).as_deref() == Some("True")
+            })
+            .await;
+            fleet::managed(&admin, "east").await.expect("east")
+        }
+    };
+    let first = ready(&leader).await;
+    let id = fleet::kube_system_uid(&east).await;
+    let lk = leader.cluster.kubeconfig().to_path_buf();
+
+    let out = ok(&tether(&lk, &["member", "remove", "east"]).await);
+    assert!(
+        out.contains("removed from ClusterSet prod") && out.contains("--ban"),
+        "{out}"
+    );
+    let again = ready(&leader).await;
+    assert_ne!(
+        again.metadata.uid, first.metadata.uid,
+        "removed, then registered again with its token"
+    );
+
+    let out = ok(&tether(&lk, &["member", "remove", "east", "--ban"]).await);
+    assert!(
+        out.contains("banned") && out.contains(&format!("tether member unban {id}")),
+        "{out}"
+    );
+    eventually(
+        "east's new request is Denied: Banned",
+        Duration::from_secs(60),
+        || async {
+            let denied =
+                Api::<tether_api::ClusterRegistrationRequest>::namespaced(leader.admin.clone(), HOME)
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .into_iter()
+                    .any(|r| {
+                        r.spec.cluster_id == id
+                            && r.status.as_ref().is_some_and(|s| {
+                                s.result == RegistrationResult::Denied
+                                    && s.reason == RegistrationReason::Banned
+                            })
+                    });
+            if denied {
+                Ok(())
+            } else {
+                Err("not yet".to_string())
+            }
+        },
+    )
+    .await;
+    let listed = ok(&tether(&lk, &["member", "list"]).await);
+    assert!(
+        listed.contains(&id) && listed.contains("Banned") && listed.contains("tether member unban"),
+        "{listed}"
+    );
+    assert!(
+        fleet::managed(&leader.admin, "east").await.is_err(),
+        "banned: not a member"
+    );
+
+    let out = ok(&tether(&lk, &["member", "unban", &id]).await);
+    assert!(out.contains("may register"), "{out}");
+    let back = ready(&leader).await;
+    assert_ne!(back.metadata.uid, again.metadata.uid);
+    let listed = ok(&tether(&lk, &["member", "list", "-o", "json"]).await);
+    assert!(!listed.contains("\"result\": \"Banned\""), "the ban is lifted: {listed}");
+    east.kill_agent();
+}
