@@ -729,6 +729,9 @@ async fn member_remove_ban_list_and_unban() {
     let back = ready(&leader).await;
     assert_ne!(back.metadata.uid, again.metadata.uid);
     let listed = ok(&tether(&lk, &["member", "list", "-o", "json"]).await);
-    assert!(!listed.contains("\"result\": \"Banned\""), "the ban is lifted: {listed}");
+    assert!(
+        !listed.contains("\"result\": \"Banned\""),
+        "the ban is lifted: {listed}"
+    );
     east.kill_agent();
 }

@@ -62,6 +62,8 @@ pub struct Options {
     pub registration_timeout: Duration,
     /// How long leaving tries to deregister at an unreachable leader before giving up.
     pub leave_timeout: Duration,
+    /// How often the leader's published URL is re-read, to follow a change of its address.
+    pub leader_url_check: Duration,
     /// How the tunnel reaches this member's API server; None: no tunnel (members stay
     /// unreachable through the leader).
     pub access: Option<tunnel::MemberAccess>,
@@ -88,6 +90,7 @@ pub struct Context {
     /// See `Options::registration_timeout`.
     pub registration_timeout: Duration,
     leave_timeout: Duration,
+    leader_url_check: Duration,
     /// See `Options::access`.
     pub access: Option<tunnel::MemberAccess>,
     recorder: Recorder,
@@ -161,6 +164,9 @@ pub enum Error {
     /// rejoining is not served there): the agent registers with its join token instead.
     #[error("cannot rejoin with the member's key: {0}")]
     RejoinRefused(String),
+    /// The leader published a new URL (read over a verified connection): the session starts again on it.
+    #[error("the leader moved to {0}")]
+    LeaderMoved(String),
     /// The leader could not answer a rejoin now (its API server or its proxy API is down).
     #[error("cannot reach the leader to rejoin: {0}")]
     RejoinUnreachable(String),
@@ -403,6 +409,7 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         api_server_url: opts.api_server_url,
         registration_timeout: opts.registration_timeout,
         leave_timeout: opts.leave_timeout,
+        leader_url_check: opts.leader_url_check,
         access: opts.access,
         recorder: Recorder::new(client, reporter),
         leader: opts.leader.clone(),

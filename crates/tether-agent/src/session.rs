@@ -22,7 +22,7 @@ use tether_api::{ClusterSet, properties};
 use tether_join::discovery::{self, Trust};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::endpoint::LeaderEndpoint;
 use crate::loops::{heartbeat, renew, report};
@@ -47,6 +47,8 @@ pub(crate) struct Shared {
     written: tokio::sync::Mutex<Option<tether_api::ClusterSetStatus>>,
     /// The leader refused the stored credential: get a new one before using it again.
     refused: AtomicBool,
+    /// The URL the leader moved to, and the declared URL it replaces.
+    moved: Mutex<Option<(String, String)>>,
 }
 
 /// Runs the session of `set` until `cancel`.
@@ -59,6 +61,7 @@ pub async fn run(ctx: Arc<Context>, set: Arc<ClusterSet>, cancel: CancellationTo
         last_beat: Mutex::default(),
         written: tokio::sync::Mutex::default(),
         refused: AtomicBool::new(false),
+        moved: Mutex::default(),
     });
     let mut backoff = Duration::from_secs(1);
     loop {
@@ -67,6 +70,10 @@ pub async fn run(ctx: Arc<Context>, set: Arc<ClusterSet>, cancel: CancellationTo
             r = serve(&shared) => r,
         };
         let Err(err) = result else { return };
+        if matches!(err, Error::LeaderMoved(_)) {
+            backoff = Duration::from_secs(1);
+            continue;
+        }
         let retry_now = matches!(err, Error::CredentialRejected(_));
         record_failure(&shared, &err).await;
         if retry_now {
@@ -93,7 +100,20 @@ fn spec(set: &ClusterSet) -> Result<&MemberSpec, Error> {
 /// Connects, registers if needed, then serves until an error.
 async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
     let ctx = &sh.ctx;
-    let spec = spec(&sh.set)?;
+    let declared = spec(&sh.set)?;
+    // NB: a URL the leader published in place of the declared one, learned over a verified
+    // connection, is used for as long as the declared one is the one it replaced.
+    let moved = moved_to(sh, &declared.leader_url);
+    let mut effective = declared.clone();
+    if let Some(url) = &moved {
+        effective.leader_url = url.clone();
+    }
+    let spec = &effective;
+    update(sh, |v| {
+        v.membership.leader_url = moved.clone();
+        v.membership.leader_url_replaces = moved.as_ref().map(|_| declared.leader_url.clone());
+    })
+    .await;
     let trust = discovery::trust_for(spec).await?;
     let verified = match &trust {
         Trust::Ca(_) if spec.ca_bundle.is_some() => (
@@ -173,9 +193,58 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
         heartbeat(sh, client_rx.clone(), &namespace, &name),
         report(sh, client_rx.clone(), &namespace, &name),
         renew(sh, &leader, stored.clone(), client_tx),
+        follow_leader_url(sh, &leader, &declared.leader_url),
         tunnel,
     )?;
     Ok(())
+}
+
+/// The URL the leader moved to, if this session learned one for `declared` (in memory, else
+/// from the status an earlier session wrote).
+fn moved_to(sh: &Shared, declared: &str) -> Option<String> {
+    if let Some((url, replaces)) = sh.moved.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+        return (replaces == declared).then_some(url);
+    }
+    let set = sh
+        .ctx
+        .sets
+        .get(&ObjectRef::from_obj(sh.set.as_ref()))
+        .unwrap_or_else(|| sh.set.clone());
+    let m = set.status.as_ref()?.membership.as_ref()?;
+    (m.leader_url_replaces.as_deref() == Some(declared))
+        .then(|| m.leader_url.clone())
+        .flatten()
+}
+
+/// Re-reads the leader's published URL every `leader_url_check`, anonymously over a connection
+/// verified with the CA the agent trusts, and ends the session (to start again at once on the
+/// new URL) when the leader moved. Never with verification off: an unverified answer could send
+/// the member anywhere.
+async fn follow_leader_url(sh: &Arc<Shared>, leader: &LeaderEndpoint, declared: &str) -> Result<(), Error> {
+    if matches!(leader.trust, Trust::Insecure) {
+        return std::future::pending().await;
+    }
+    loop {
+        tokio::time::sleep(sh.ctx.leader_url_check).await;
+        let Some(published) = discovery::published_url(&leader.client(None)?).await else {
+            continue;
+        };
+        let published = published.trim_end_matches('/').to_string();
+        if published == leader.url.trim_end_matches('/') || discovery::leader_uri(&published).is_err() {
+            continue;
+        }
+        info!(from = %leader.url, to = %published, "The leader published a new URL; following it");
+        *sh.moved.lock().unwrap_or_else(|p| p.into_inner()) = Some((published.clone(), declared.to_string()));
+        sh.ctx
+            .event(
+                &sh.set,
+                false,
+                EventReason::LeaderMoved,
+                &format!("the leader published a new URL, {published}; using it in place of {declared}"),
+            )
+            .await;
+        return Err(Error::LeaderMoved(published));
+    }
 }
 
 /// Who this agent is: the member's cluster ID and key pair.

@@ -350,4 +350,17 @@ pub struct Membership {
     /// Last successful heartbeat.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat_time: Option<Time>,
+    /// The leader URL the agent uses when the leader published a new one (read over the
+    /// connection verified with its CA) in place of `spec.member.leaderURL`.
+    #[serde(rename = "leaderURL", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048))]
+    pub leader_url: Option<String>,
+    /// The `spec.member.leaderURL` that `leaderURL` replaces; a spec changed since wins.
+    #[serde(
+        rename = "leaderURLReplaces",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(length(max = 2048))]
+    pub leader_url_replaces: Option<String>,
 }

@@ -199,6 +199,8 @@ api_words! {
         CredentialRejected,
         /// Member side: left the set.
         Left,
+        /// Member side: the leader published a new URL and the agent follows it.
+        LeaderMoved,
         /// Member side: leaving could not deregister at the leader.
         LeaveIncomplete,
     }

@@ -49,6 +49,10 @@ pub struct AgentArgs {
     /// How long leaving tries to deregister at an unreachable leader before giving up.
     #[arg(long, env = "TETHER_LEAVE_TIMEOUT", default_value = "60s", value_parser = tether_api::duration::parse)]
     pub leave_timeout: std::time::Duration,
+    /// How often the agent re-reads the leader's published URL (kube-public/cluster-info, over
+    /// its verified connection) to follow a change of the leader's address.
+    #[arg(long, env = "TETHER_LEADER_URL_CHECK_INTERVAL", default_value = "5m", value_parser = tether_api::duration::parse)]
+    pub leader_url_check_interval: std::time::Duration,
     /// Keep a tunnel to the leader so admins reach this member through it (member access).
     #[arg(long, env = "TETHER_TUNNEL", default_value_t = true, action = clap::ArgAction::Set)]
     pub tunnel: bool,
@@ -73,8 +77,9 @@ pub struct LeaderArgs {
     /// Default: the CA the controller itself trusts (in a pod, the ServiceAccount's ca.crt).
     #[arg(long, env = "TETHER_LEADER_CA_FILE")]
     pub leader_ca_file: Option<std::path::PathBuf>,
-    /// This API server's URL as members reach it, published in kube-public/cluster-info when
-    /// that does not exist yet. Default: the URL the controller itself uses.
+    /// This API server's URL as members reach it, published in kube-public/cluster-info (kept
+    /// in step on every start when the leader made it; agents follow a change). Default: the
+    /// URL the controller itself uses.
     #[arg(long, env = "TETHER_LEADER_URL")]
     pub leader_url: Option<String>,
     /// Serve member access (the proxy.multicluster.tether.dev aggregated API) on this address
@@ -278,6 +283,7 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         api_server_url,
         registration_timeout: args.registration_timeout,
         leave_timeout: args.leave_timeout,
+        leader_url_check: args.leader_url_check_interval,
         access,
     };
     tether_agent::run(client, opts, p.shutdown.clone()).await;

@@ -73,10 +73,16 @@ where
     }
 }
 
-/// Publishes the discovery objects that do not exist yet.
+/// Publishes the discovery objects that do not exist yet, and brings a `cluster-info` the
+/// leader made to its current URL and CA (`helm upgrade --set leaderURL=...`): agents re-read it
+/// over their verified connection and follow. One the leader did not make (kubeadm's) stays.
 pub async fn publish(client: &Client, ca_pem: &str, url: &str) -> Result<(), Error> {
     let (cm, role, binding) = objects(ca_pem, url);
-    let created = create_if_absent(Api::<ConfigMap>::namespaced(client.clone(), NAMESPACE), &cm).await?;
+    let configmaps = Api::<ConfigMap>::namespaced(client.clone(), NAMESPACE);
+    let created = create_if_absent(configmaps.clone(), &cm).await?;
+    if !created {
+        keep_in_step(&configmaps, &cm).await?;
+    }
     create_if_absent(Api::<Role>::namespaced(client.clone(), NAMESPACE), &role).await?;
     create_if_absent(
         Api::<RoleBinding>::namespaced(client.clone(), NAMESPACE),
@@ -90,6 +96,39 @@ pub async fn publish(client: &Client, ca_pem: &str, url: &str) -> Result<(), Err
             "Published the leader's CA for joining agents"
         );
     }
+    Ok(())
+}
+
+/// Replaces the data of the existing `cluster-info` with `want`'s if the leader made it and it
+/// differs (a resourceVersion-checked update: a concurrent writer wins, the next start retries).
+async fn keep_in_step(configmaps: &Api<ConfigMap>, want: &ConfigMap) -> Result<(), Error> {
+    let api_err = |source| Error::Api {
+        op: "update discovery",
+        name: NAME.into(),
+        source,
+    };
+    let Some(mut current) = configmaps.get_opt(NAME).await.map_err(api_err)? else {
+        return Ok(());
+    };
+    let ours = current
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(tether_api::labels::MANAGED_BY))
+        .is_some_and(|v| v == crate::provision::FIELD_MANAGER);
+    if !ours || current.data == want.data {
+        return Ok(());
+    }
+    current.data = want.data.clone();
+    configmaps
+        .replace(NAME, &PostParams::default(), &current)
+        .await
+        .map_err(api_err)?;
+    info!(
+        namespace = NAMESPACE,
+        name = NAME,
+        "Updated the published leader URL and CA"
+    );
     Ok(())
 }
 

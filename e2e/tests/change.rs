@@ -1,0 +1,189 @@
+//! The leader's address changes under a running fleet: members joined at an old URL (a TCP
+//! forwarder, reached as `localhost`), the leader is restarted with `--leader-url` set to a new
+//! one (as `helm upgrade --set leaderURL=...` does), it rewrites the `cluster-info` it published,
+//! every agent re-reads it over its verified connection and moves, and when the old address is
+//! removed the members stay Ready, also across an agent restart.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use serde_json::json;
+use tether_api::MemberClusterAnnounce;
+use tether_e2e::fleet::{self, MemberSide, ready, wait_mc};
+use tether_e2e::sim::ns_of;
+use tether_testkit::eventually;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+
+/// A TCP forwarder from a port of its own to `target`: the old address. Dropping it (or
+/// `close`) removes the address and cuts every connection through it.
+struct Forwarder {
+    port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Forwarder {
+    async fn start(target: String) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let task = tokio::spawn(async move {
+            let mut conns = JoinSet::new();
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                let target = target.clone();
+                conns.spawn(async move {
+                    if let Ok(mut outbound) = TcpStream::connect(&target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Self { port, task }
+    }
+
+    /// Removes the address: no new connection, and every open one is cut (the JoinSet aborts
+    /// its tasks when the accept task is aborted).
+    fn close(self) {
+        self.task.abort();
+    }
+}
+
+async fn moved_to(m: &MemberSide) -> Option<String> {
+    m.set().await?.status?.membership?.leader_url
+}
+
+async fn renewed_after(admin: &kube::Client, name: &str, since: Timestamp) -> bool {
+    Api::<MemberClusterAnnounce>::namespaced(admin.clone(), &ns_of(name))
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|a| a.spec.renew_time)
+        .is_some_and(|t| t.0 > since)
+}
+
+#[tokio::test]
+async fn members_follow_a_new_leader_url_and_stay_ready_when_the_old_address_goes() {
+    let mut leader = fleet::leader(
+        "url-leader",
+        json!({"heartbeatInterval": "2s", "gracePeriod": "8s"}),
+    )
+    .await;
+    let new_url = leader.cluster.url().to_string();
+    let api_addr = new_url.trim_start_matches("https://").to_string();
+    let old = Forwarder::start(api_addr).await;
+    // NB: `localhost` is in the test API server's certificate; the member verifies it.
+    let old_url = format!("https://localhost:{}", old.port);
+    let leader_args = |url: &str| {
+        vec![
+            "leader".to_string(),
+            "--leader-elect=false".to_string(),
+            format!("--leader-url={url}"),
+        ]
+    };
+    leader.controller.terminate();
+    leader.controller = leader
+        .start_replica("tether-leader", &leader_args(&old_url))
+        .await;
+    eventually(
+        "cluster-info names the old URL",
+        Duration::from_secs(30),
+        || async {
+            match tether_join::discovery::published_url(&leader.admin).await {
+                Some(u) if u == old_url => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+
+    let token = tether_e2e::sim::join_token(&leader.admin).await;
+    let spec = json!({"leaderURL": old_url});
+    let args = ["--leader-url-check-interval=2s"];
+    let (east, mut west) = tokio::join!(
+        fleet::member_with_args("east", &leader, &token, spec.clone(), &args),
+        fleet::member_with_args("west", &leader, &token, spec.clone(), &args),
+    );
+    for name in ["east", "west"] {
+        wait_mc(&leader.admin, name, "Ready at the old URL", |mc| {
+            ready(mc).as_deref() == Some("True")
+        })
+        .await;
+    }
+
+    // `helm upgrade --set leaderURL=<new>`: the leader restarts with the new URL.
+    leader.controller.terminate();
+    leader.controller = leader
+        .start_replica("tether-leader", &leader_args(&new_url))
+        .await;
+    let started = Instant::now();
+    for m in [&east, &west] {
+        eventually(
+            "the agent follows the new URL",
+            Duration::from_secs(60),
+            || async {
+                match moved_to(m).await {
+                    Some(u) if u == new_url => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await;
+    }
+    eprintln!(
+        "both agents use the new URL {:.1?} after the leader's restart",
+        started.elapsed()
+    );
+
+    // The old address goes: nothing reaches the leader through it any more.
+    old.close();
+    let gone = Timestamp::now();
+    for name in ["east", "west"] {
+        eventually(
+            &format!("{name} heartbeats after the old address went"),
+            Duration::from_secs(30),
+            || async {
+                if renewed_after(&leader.admin, name, gone).await {
+                    Ok(())
+                } else {
+                    Err("no heartbeat yet".to_string())
+                }
+            },
+        )
+        .await;
+    }
+    // An agent restarted now starts on the URL it learned (its status), not the dead one.
+    west.kill_agent();
+    west.start_agent();
+    let restarted = Timestamp::now();
+    eventually(
+        "west heartbeats after its restart",
+        Duration::from_secs(60),
+        || async {
+            if renewed_after(&leader.admin, "west", restarted).await {
+                Ok(())
+            } else {
+                Err("no heartbeat yet".to_string())
+            }
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    for name in ["east", "west"] {
+        let mc = fleet::managed(&leader.admin, name).await.expect("member");
+        assert_eq!(ready(&mc).as_deref(), Some("True"), "{name}: {:?}", mc.status);
+    }
+    for m in [&east, &west] {
+        let s = m.set().await.and_then(|s| s.status).expect("status");
+        assert_eq!(s.state.as_deref(), Some("Ready"), "{s:?}");
+        let spec_url = m.set().await.and_then(|s| s.spec.member).map(|m| m.leader_url);
+        assert_eq!(
+            spec_url.as_deref(),
+            Some(old_url.as_str()),
+            "the declared URL is untouched"
+        );
+    }
+}
