@@ -355,6 +355,17 @@ pub fn nodes(mc: &ManagedCluster) -> Option<String> {
     mc.status.as_ref()?.nodes.as_ref().map(|n| n.summary.clone())
 }
 
+/// Whether member `name` (of the tests' set) renewed its announce after `since`.
+pub async fn renewed_after(admin: &Client, name: &str, since: k8s_openapi::jiff::Timestamp) -> bool {
+    Api::<tether_api::MemberClusterAnnounce>::namespaced(admin.clone(), &crate::sim::ns_of(name))
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|a| a.spec.renew_time)
+        .is_some_and(|t| t.0 > since)
+}
+
 /// When member `m`'s stored leader credential expires.
 pub async fn credential_expiry(m: &MemberSide) -> k8s_openapi::jiff::Timestamp {
     let s = Api::<Secret>::namespaced(m.admin.clone(), HOME)

@@ -7,11 +7,8 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
-use kube::api::Api;
 use serde_json::json;
-use tether_api::MemberClusterAnnounce;
 use tether_e2e::fleet::{self, MemberSide, ready, wait_mc};
-use tether_e2e::sim::ns_of;
 use tether_testkit::eventually;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
@@ -53,16 +50,6 @@ impl Forwarder {
 
 async fn moved_to(m: &MemberSide) -> Option<String> {
     m.set().await?.status?.membership?.leader_url
-}
-
-async fn renewed_after(admin: &kube::Client, name: &str, since: Timestamp) -> bool {
-    Api::<MemberClusterAnnounce>::namespaced(admin.clone(), &ns_of(name))
-        .get_opt(name)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|a| a.spec.renew_time)
-        .is_some_and(|t| t.0 > since)
 }
 
 #[tokio::test]
@@ -146,7 +133,7 @@ async fn members_follow_a_new_leader_url_and_stay_ready_when_the_old_address_goe
             &format!("{name} heartbeats after the old address went"),
             Duration::from_secs(30),
             || async {
-                if renewed_after(&leader.admin, name, gone).await {
+                if fleet::renewed_after(&leader.admin, name, gone).await {
                     Ok(())
                 } else {
                     Err("no heartbeat yet".to_string())
@@ -163,7 +150,7 @@ async fn members_follow_a_new_leader_url_and_stay_ready_when_the_old_address_goe
         "west heartbeats after its restart",
         Duration::from_secs(60),
         || async {
-            if renewed_after(&leader.admin, "west", restarted).await {
+            if fleet::renewed_after(&leader.admin, "west", restarted).await {
                 Ok(())
             } else {
                 Err("no heartbeat yet".to_string())

@@ -52,16 +52,6 @@ fn members_names(members: &[MemberSide]) -> Vec<String> {
     members.iter().map(|m| m.cluster.name().to_string()).collect()
 }
 
-async fn renewed_after(admin: &Client, name: &str, since: Timestamp) -> bool {
-    Api::<MemberClusterAnnounce>::namespaced(admin.clone(), &ns_of(name))
-        .get_opt(name)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|a| a.spec.renew_time)
-        .is_some_and(|t| t.0 > since)
-}
-
 /// After a fault ends at `since`, watches every member at the leader for `window` and returns
 /// how long it took until each had heartbeated again and was (and stayed) `Ready=True`, and
 /// whether any was seen not Ready meanwhile. Panics if one is not Ready at the end.
@@ -76,7 +66,8 @@ async fn recovery(admin: &Client, names: &[String], since: Instant, window: Dura
             let mc = managed(admin, name).await;
             let ok = match &mc {
                 Ok(mc) => {
-                    ready(mc).as_deref() == Some("True") && renewed_after(admin, name, wall_since).await
+                    ready(mc).as_deref() == Some("True")
+                        && fleet::renewed_after(admin, name, wall_since).await
                 }
                 Err(_) => false,
             };
@@ -386,7 +377,7 @@ async fn two_agent_replicas_hand_over_without_registering_twice() {
     let took_over = killed.elapsed();
     let wall = Timestamp::now();
     eventually("agent-b heartbeats", Duration::from_secs(30), || async {
-        if renewed_after(&leader.admin, "pair", wall).await {
+        if fleet::renewed_after(&leader.admin, "pair", wall).await {
             Ok(())
         } else {
             Err("no heartbeat since the takeover")
