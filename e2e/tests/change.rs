@@ -2,7 +2,8 @@
 //! forwarder, reached as `localhost`), the leader is restarted with `--leader-url` set to a new
 //! one (as `helm upgrade --set leaderURL=...` does), it rewrites the `cluster-info` it published,
 //! every agent re-reads it over its verified connection and moves, and when the old address is
-//! removed the members stay Ready, also across an agent restart.
+//! removed the members stay Ready, also across an agent restart. A published URL members cannot
+//! reach is tried, then given up for the declared one.
 
 use std::time::{Duration, Instant};
 
@@ -98,6 +99,45 @@ async fn members_follow_a_new_leader_url_and_stay_ready_when_the_old_address_goe
         wait_mc(&leader.admin, name, "Ready at the old URL", |mc| {
             ready(mc).as_deref() == Some("True")
         })
+        .await;
+    }
+
+    // A URL members cannot reach (a mistyped value): they try it, then go back to the declared
+    // one and stay Ready; it is not followed again.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+    let dead_url = format!("https://localhost:{}", dead.local_addr().expect("addr").port());
+    drop(dead);
+    leader.controller.terminate();
+    leader.controller = leader
+        .start_replica("tether-leader", &leader_args(&dead_url))
+        .await;
+    let east_log = || east.agent.as_ref().map(|a| a.log()).unwrap_or_default();
+    eventually(
+        "east tried the unreachable URL and went back",
+        Duration::from_secs(90),
+        || async {
+            let log = east_log();
+            if log.contains("back to the declared one") {
+                Ok(())
+            } else {
+                Err(log.lines().rev().take(3).collect::<Vec<_>>().join("\n"))
+            }
+        },
+    )
+    .await;
+    let back = Timestamp::now();
+    for name in ["east", "west"] {
+        eventually(
+            &format!("{name} heartbeats on the declared URL again"),
+            Duration::from_secs(60),
+            || async {
+                if fleet::renewed_after(&leader.admin, name, back).await {
+                    Ok(())
+                } else {
+                    Err("no heartbeat yet".to_string())
+                }
+            },
+        )
         .await;
     }
 

@@ -47,9 +47,27 @@ pub(crate) struct Shared {
     written: tokio::sync::Mutex<Option<tether_api::ClusterSetStatus>>,
     /// The leader refused the stored credential: get a new one before using it again.
     refused: AtomicBool,
-    /// The URL the leader moved to, and the declared URL it replaces.
-    moved: Mutex<Option<(String, String)>>,
+    /// What this session knows of a URL the leader moved to.
+    moved: Mutex<Moved>,
+    /// Failed attempts in a row on a moved-to URL.
+    moved_failures: std::sync::atomic::AtomicU32,
 }
+
+/// A URL the leader published in place of the declared one.
+#[derive(Clone, Debug, Default)]
+enum Moved {
+    /// Nothing learned in this process: the status an earlier session wrote says.
+    #[default]
+    Unknown,
+    /// Use `url` while the declared URL is `replaces`.
+    To { url: String, replaces: String },
+    /// `url` did not answer: back on the declared URL, and `url` is not followed again.
+    Abandoned { url: String },
+}
+
+/// Failed attempts in a row on a moved-to URL before the agent goes back to the declared one
+/// (a leader that published an address this member cannot reach must not strand it).
+const MOVED_ATTEMPTS: u32 = 3;
 
 /// Runs the session of `set` until `cancel`.
 pub async fn run(ctx: Arc<Context>, set: Arc<ClusterSet>, cancel: CancellationToken) {
@@ -62,6 +80,7 @@ pub async fn run(ctx: Arc<Context>, set: Arc<ClusterSet>, cancel: CancellationTo
         written: tokio::sync::Mutex::default(),
         refused: AtomicBool::new(false),
         moved: Mutex::default(),
+        moved_failures: std::sync::atomic::AtomicU32::new(0),
     });
     let mut backoff = Duration::from_secs(1);
     loop {
@@ -73,6 +92,12 @@ pub async fn run(ctx: Arc<Context>, set: Arc<ClusterSet>, cancel: CancellationTo
         if matches!(err, Error::LeaderMoved(_)) {
             backoff = Duration::from_secs(1);
             continue;
+        }
+        if matches!(
+            err,
+            Error::Discovery(_) | Error::Leader { .. } | Error::RejoinUnreachable(_)
+        ) {
+            abandon_moved_after_failures(&shared);
         }
         let retry_now = matches!(err, Error::CredentialRejected(_));
         record_failure(&shared, &err).await;
@@ -115,6 +140,7 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
     })
     .await;
     let trust = discovery::trust_for(spec).await?;
+    sh.moved_failures.store(0, Ordering::Release);
     let verified = match &trust {
         Trust::Ca(_) if spec.ca_bundle.is_some() => (
             true,
@@ -199,11 +225,29 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
     Ok(())
 }
 
+/// Counts a failure to reach the leader; on a moved-to URL, the `MOVED_ATTEMPTS`th goes back to
+/// the declared one for good.
+fn abandon_moved_after_failures(sh: &Shared) {
+    let mut moved = sh.moved.lock().unwrap_or_else(|p| p.into_inner());
+    let Moved::To { url, .. } = moved.clone() else {
+        return;
+    };
+    let failures = sh.moved_failures.fetch_add(1, Ordering::AcqRel) + 1;
+    if failures >= MOVED_ATTEMPTS {
+        warn!(url = %url, attempts = failures, "The leader's new URL does not answer; back to the declared one");
+        *moved = Moved::Abandoned { url };
+        sh.moved_failures.store(0, Ordering::Release);
+    }
+}
+
 /// The URL the leader moved to, if this session learned one for `declared` (in memory, else
 /// from the status an earlier session wrote).
 fn moved_to(sh: &Shared, declared: &str) -> Option<String> {
-    if let Some((url, replaces)) = sh.moved.lock().unwrap_or_else(|p| p.into_inner()).clone() {
-        return (replaces == declared).then_some(url);
+    let known = sh.moved.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    match known {
+        Moved::To { url, replaces } => return (replaces == declared).then_some(url),
+        Moved::Abandoned { .. } => return None,
+        Moved::Unknown => {}
     }
     let set = sh
         .ctx
@@ -211,9 +255,15 @@ fn moved_to(sh: &Shared, declared: &str) -> Option<String> {
         .get(&ObjectRef::from_obj(sh.set.as_ref()))
         .unwrap_or_else(|| sh.set.clone());
     let m = set.status.as_ref()?.membership.as_ref()?;
-    (m.leader_url_replaces.as_deref() == Some(declared))
+    let url = (m.leader_url_replaces.as_deref() == Some(declared))
         .then(|| m.leader_url.clone())
-        .flatten()
+        .flatten()?;
+    // NB: from now on this process counts its failures there too.
+    *sh.moved.lock().unwrap_or_else(|p| p.into_inner()) = Moved::To {
+        url: url.clone(),
+        replaces: declared.to_string(),
+    };
+    Some(url)
 }
 
 /// Re-reads the leader's published URL every `leader_url_check`, anonymously over a connection
@@ -230,11 +280,20 @@ async fn follow_leader_url(sh: &Arc<Shared>, leader: &LeaderEndpoint, declared: 
             continue;
         };
         let published = published.trim_end_matches('/').to_string();
-        if published == leader.url.trim_end_matches('/') || discovery::leader_uri(&published).is_err() {
+        let abandoned = matches!(&*sh.moved.lock().unwrap_or_else(|p| p.into_inner()),
+                                 Moved::Abandoned { url } if *url == published);
+        if published == leader.url.trim_end_matches('/')
+            || abandoned
+            || discovery::leader_uri(&published).is_err()
+        {
             continue;
         }
         info!(from = %leader.url, to = %published, "The leader published a new URL; following it");
-        *sh.moved.lock().unwrap_or_else(|p| p.into_inner()) = Some((published.clone(), declared.to_string()));
+        *sh.moved.lock().unwrap_or_else(|p| p.into_inner()) = Moved::To {
+            url: published.clone(),
+            replaces: declared.to_string(),
+        };
+        sh.moved_failures.store(0, Ordering::Release);
         sh.ctx
             .event(
                 &sh.set,
