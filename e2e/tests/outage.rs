@@ -220,15 +220,14 @@ async fn outage() {
             &format!("{name} Ready again as the same member"),
             GRACE + Duration::from_secs(60),
             || async {
+                // NB: the announce's renewTime is the heartbeat itself; the ManagedCluster's
+                // lastHeartbeatTime is only refreshed on a Ready change or the agent's 5-minute
+                // report, and the leader does not count its own outage against members.
                 let mc = managed(&leader.admin, name).await?;
-                let beat = mc
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.last_heartbeat_time.as_ref())
-                    .is_some_and(|t| t.0 > back_after);
+                let beat = fleet::renewed_after(&leader.admin, name, back_after).await;
                 match (ready(&mc).as_deref(), beat) {
                     (Some("True"), true) => Ok(()),
-                    other => Err(format!("{other:?}")),
+                    other => Err(format!("(Ready, heartbeat after the outage) = {other:?}")),
                 }
             },
         )
