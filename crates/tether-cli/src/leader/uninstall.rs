@@ -1,7 +1,8 @@
 //! `tether uninstall`: what must happen before `helm uninstall tether-leader` (the chart runs it
 //! as a pre-delete hook). It refuses while any ClusterSet in the namespace has members, as
 //! `destroy` does, so an uninstall never strands a fleet silently; otherwise it destroys the
-//! sets and removes what the leader created outside its chart: `kube-public/cluster-info` and
+//! sets, stops the leader (its Deployment to 0: each replica withdraws its APIService while it
+//! may), and removes what the leader created outside its chart: `kube-public/cluster-info` and
 //! its anonymous read access, the proxy's serving Secret and EndpointSlice, and the APIService.
 //! Only objects carrying the leader's label are touched (a kubeadm `cluster-info` stays).
 
@@ -32,8 +33,59 @@ pub struct UninstallArgs {
     pub wait: Duration,
 }
 
-/// The label value of everything the leader makes.
+/// The label value of everything the leader makes, and the leader chart's Deployment.
 const LEADER: &str = "tether-leader";
+
+/// Scales the leader's Deployment in `ns` (if any) to 0 and waits up to `wait` for its pods to
+/// go, while its RBAC still exists: each replica withdraws what it registered (the APIService)
+/// on the way out, and none is left to register it again, or to republish `cluster-info`,
+/// while Helm removes the rest. (Helm deletes the ClusterRole while the pods are still
+/// terminating, so a replica stopped by the uninstall itself may no longer be allowed to.)
+async fn stop_leader(client: &kube::Client, ns: &str, wait: Duration) -> anyhow::Result<()> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Patch, PatchParams};
+    let deployments = Api::<Deployment>::namespaced(client.clone(), ns);
+    let Some(d) = deployments.get_opt(LEADER).await? else {
+        return Ok(());
+    };
+    deployments
+        .patch(
+            LEADER,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": 0}})),
+        )
+        .await?;
+    let selector = d
+        .spec
+        .and_then(|s| s.selector.match_labels)
+        .map(|l| {
+            l.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default();
+    if selector.is_empty() {
+        return Ok(());
+    }
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let left = pods
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items
+            .len();
+        if left == 0 {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("the leader's {left} pod(s) in {ns} did not stop within {wait:?}");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
 
 /// `tether uninstall`.
 pub async fn uninstall(target: &Target, args: UninstallArgs) -> anyhow::Result<()> {
@@ -80,6 +132,7 @@ pub async fn uninstall(target: &Target, args: UninstallArgs) -> anyhow::Result<(
         )
         .await?;
     }
+    stop_leader(&client, ns, args.wait).await?;
     let mine = ListParams::default().labels(&format!("{}={LEADER}", labels::MANAGED_BY));
     let dp = DeleteParams::default();
     let public = tether_join::discovery::DISCOVERY_NAMESPACE;
