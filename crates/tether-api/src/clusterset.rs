@@ -363,4 +363,10 @@ pub struct Membership {
     )]
     #[schemars(length(max = 2048))]
     pub leader_url_replaces: Option<String>,
+    /// Pins (`sha256:` of the SubjectPublicKeyInfo) of the leader CAs the agent trusts now. A
+    /// member joined by `caCertHash` trusts the bundle the leader publishes, and takes a new one
+    /// only over a connection verified with these (a CA rotation, see docs/operations.md).
+    #[serde(rename = "leaderCAs", default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(max = 71)))]
+    pub leader_cas: Vec<String>,
 }

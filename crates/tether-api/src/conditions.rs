@@ -141,6 +141,9 @@ api_words! {
         PinMatched,
         /// Member CAVerified=True: the leader was verified with the configured caBundle.
         CABundle,
+        /// Member CAVerified=True: the leader was verified with the CA bundle it published,
+        /// learned over a connection verified by the pin or by the bundle learned before.
+        PublishedCABundle,
         /// Member CAVerified=False: verification is switched off.
         InsecureSkipCAVerification,
         /// ManagedCluster ApiServerHealthy=True.
@@ -201,6 +204,8 @@ api_words! {
         Left,
         /// Member side: the leader published a new URL and the agent follows it.
         LeaderMoved,
+        /// Member side: the leader published a new CA bundle (a CA rotation) and the agent trusts it.
+        LeaderCAChanged,
         /// Member side: leaving could not deregister at the leader.
         LeaveIncomplete,
     }

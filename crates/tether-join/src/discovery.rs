@@ -219,11 +219,31 @@ pub fn server_from_kubeconfig(text: &str) -> Option<String> {
 /// plane endpoint, or the leader chart's `leaderURL`), read with `client`'s credentials. `None`
 /// when there is no such ConfigMap or it cannot be read.
 pub async fn published_url(client: &Client) -> Option<String> {
+    published(client).await?.url
+}
+
+/// What a cluster publishes for joiners in `kube-public/cluster-info`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Published {
+    /// The API server URL, if the kubeconfig names one.
+    pub url: Option<String>,
+    /// The CA bundle (PEM), if the kubeconfig carries one.
+    pub ca: Option<String>,
+}
+
+/// Reads `kube-public/cluster-info` with `client`'s credentials (and its trust: read over a
+/// verified connection, it is what the leader itself says). `None` when there is no such
+/// ConfigMap or it cannot be read.
+pub async fn published(client: &Client) -> Option<Published> {
     let cm = Api::<ConfigMap>::namespaced(client.clone(), DISCOVERY_NAMESPACE)
         .get_opt(DISCOVERY_CONFIGMAP)
         .await
         .ok()??;
-    server_from_kubeconfig(cm.data.as_ref()?.get(DISCOVERY_KEY)?)
+    let text = cm.data.as_ref()?.get(DISCOVERY_KEY)?;
+    Some(Published {
+        url: server_from_kubeconfig(text),
+        ca: ca_from_kubeconfig(text).ok(),
+    })
 }
 
 /// Checks that a certificate of `pem_bundle` has `pin`; the error says what was seen instead.

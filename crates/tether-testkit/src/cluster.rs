@@ -37,6 +37,7 @@ pub struct ClusterBuilder {
     nodes: usize,
     request_timeout: Option<Duration>,
     verbosity: u8,
+    kubernetes: Option<String>,
 }
 
 impl ClusterBuilder {
@@ -60,6 +61,13 @@ impl ClusterBuilder {
     /// address, reachable from every node and pod of the run.
     pub fn nodes(mut self, n: usize) -> Self {
         self.nodes = n;
+        self
+    }
+
+    /// Runs the Kubernetes binaries of `version` (one of `e2e/versions.env`'s, installed in
+    /// `.tools/k8s/<version>` by `make tools`) instead of the default version's.
+    pub fn kubernetes(mut self, version: &str) -> Self {
+        self.kubernetes = Some(version.to_string());
         self
     }
 
@@ -96,7 +104,7 @@ impl ClusterBuilder {
 
     /// Starts the cluster and waits until it serves requests.
     pub async fn start(self) -> Result<TestCluster, Error> {
-        let tools = Tools::locate()?;
+        let tools = Tools::locate_version(self.kubernetes.as_deref())?;
         let root = self
             .root
             .clone()
@@ -139,6 +147,8 @@ pub struct TestCluster {
     startup: Duration,
     /// How kube-apiserver was started, to start it again after `stop_api_server`.
     api_command: (std::ffi::OsString, Vec<std::ffi::OsString>),
+    /// The CA bundle clients trust to reach the API server, once `trust_serving_cas` changed it.
+    trusted: Option<String>,
 }
 
 impl TestCluster {
@@ -154,6 +164,7 @@ impl TestCluster {
             nodes: 0,
             request_timeout: None,
             verbosity: 1,
+            kubernetes: None,
         }
     }
 
@@ -323,6 +334,7 @@ impl TestCluster {
             config,
             startup: Duration::ZERO,
             api_command,
+            trusted: None,
         };
         cluster.wait_ready().await?;
 
@@ -383,7 +395,7 @@ impl TestCluster {
                 proxy_cert: self.pki.client_cert("system:kube-proxy", None)?,
                 name,
                 url: &self.url,
-                ca_pem: &self.pki.ca_cert,
+                ca_pem: self.ca_pem(),
                 detachable: opts.root.is_some(),
             };
             self.nodes.push(Node::start(spec, tools)?);
@@ -532,9 +544,37 @@ impl TestCluster {
         &self.url
     }
 
-    /// The cluster CA (PEM).
+    /// The CA bundle (PEM) a client trusts to reach the API server: the cluster CA, unless
+    /// `trust_serving_cas` set another bundle (a serving CA rotation).
     pub fn ca_pem(&self) -> &str {
-        &self.pki.ca_cert
+        self.trusted.as_deref().unwrap_or(&self.pki.ca_cert)
+    }
+
+    /// Makes every client this cluster hands out (admin, users, token kubeconfigs written from
+    /// now on) trust `bundle` (PEM) to reach the API server: the clients' side of a serving CA
+    /// rotation. Client certificates and ServiceAccount tokens stay the cluster CA's.
+    pub async fn trust_serving_cas(&mut self, bundle: &str) -> Result<(), Error> {
+        self.trusted = Some(bundle.to_string());
+        let text = client_kubeconfig(
+            &self.name,
+            &self.url,
+            bundle,
+            &(self.pki.admin_cert.clone(), self.pki.admin_key.clone()),
+        );
+        write(&self.kubeconfig, &text)?;
+        self.config = kube_config(&self.kubeconfig).await?;
+        Ok(())
+    }
+
+    /// Restarts kube-apiserver with a serving certificate (same names and addresses) signed by
+    /// `ca`, another CA than the cluster's, and waits until it is ready (trust `ca` first, with
+    /// `trust_serving_cas`). The cluster CA still authenticates clients.
+    pub async fn restart_api_server_serving(&mut self, ca: &Pki) -> Result<(), Error> {
+        self.stop_api_server();
+        let d = self.dir().to_path_buf();
+        write(&d.join("serving.crt"), &ca.serving_cert)?;
+        write(&d.join("serving.key"), &ca.serving_key)?;
+        self.start_api_server().await
     }
 
     /// The kubeadm-style pin of the cluster CA.
@@ -590,7 +630,7 @@ impl TestCluster {
     /// Client configuration of user `name` (in `group`, if any), by a client certificate.
     pub async fn user_config(&self, name: &str, group: Option<&str>) -> Result<Config, Error> {
         let (cert, key) = self.pki.client_cert(name, group)?;
-        let text = client_kubeconfig(&self.name, &self.url, &self.pki.ca_cert, &(cert, key));
+        let text = client_kubeconfig(&self.name, &self.url, self.ca_pem(), &(cert, key));
         let kubeconfig = Kubeconfig::from_yaml(&text).map_err(|e| Error::Kubeconfig(e.to_string()))?;
         Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
@@ -600,7 +640,7 @@ impl TestCluster {
     /// Writes a kubeconfig for user `name` (in `group`) to `path`, as kubectl would be given.
     pub fn write_user_kubeconfig(&self, name: &str, group: Option<&str>, path: &Path) -> Result<(), Error> {
         let (cert, key) = self.pki.client_cert(name, group)?;
-        let text = client_kubeconfig(&self.name, &self.url, &self.pki.ca_cert, &(cert, key));
+        let text = client_kubeconfig(&self.name, &self.url, self.ca_pem(), &(cert, key));
         std::fs::write(path, text).map_err(|source| Error::Io {
             path: path.to_path_buf(),
             source,

@@ -74,12 +74,14 @@ pub async fn init(target: &Target, args: InitArgs) -> anyhow::Result<()> {
             .trim_end_matches('/')
             .to_string(),
     };
-    let ca = ca_pem(&config)
-        .context("the kubeconfig has no CA for this cluster; cannot compute --ca-cert-hash")?;
-    let hash = tether_join::pin::certificates(&ca)?
-        .first()
-        .map(|c| c.pin.clone())
-        .context("no CA certificate in the kubeconfig")?;
+    let ca = match &args.ca_file {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read --ca-file {}", path.display()))?,
+        None => ca_pem(&config).context(
+            "the kubeconfig has no CA for this cluster; pass --ca-file with the leader API server's CA",
+        )?,
+    };
+    let hash = pin_for(&url, &ca).await?;
     let expires = Timestamp::now() + SignedDuration::from_secs(args.token_ttl.as_secs() as i64);
     if let Some(path) = &args.output {
         let file = join_file(
@@ -121,6 +123,41 @@ pub async fn init(target: &Target, args: InitArgs) -> anyhow::Result<()> {
         "\nThe token expires at {expires}; `tether token create --clusterset {set} -n {ns}` makes another."
     );
     Ok(())
+}
+
+/// How long `pin_for` waits for the leader to prove one CA.
+const PIN_PROBE: Duration = Duration::from_secs(10);
+
+/// The pin members check: of the one CA in `bundle`, or, when it holds several (a CA rotation's
+/// overlap), of the first that the leader at `url` proves now, exactly as a joining member will
+/// check it; else of the first, with a warning.
+async fn pin_for(url: &str, bundle: &str) -> anyhow::Result<tether_join::pin::CaPin> {
+    let cas = tether_join::pin::certificates(bundle).context("the CA is not PEM certificates")?;
+    let first = cas
+        .first()
+        .map(|c| c.pin.clone())
+        .context("no CA certificate found (expected PEM 'CERTIFICATE' blocks)")?;
+    if cas.len() == 1 {
+        return Ok(first);
+    }
+    for ca in &cas {
+        let proven =
+            tokio::time::timeout(PIN_PROBE, tether_join::discovery::fetch_leader_ca(url, &ca.pin)).await;
+        if matches!(proven, Ok(Ok(_))) {
+            eprintln!(
+                "{} CAs given; the leader's serving certificate chains to {} ({}): pinning it",
+                cas.len(),
+                ca.subject,
+                ca.pin
+            );
+            return Ok(ca.pin.clone());
+        }
+    }
+    eprintln!(
+        "warning: none of the {} CAs could be proven by the leader at {url}; pinning the first ({first})",
+        cas.len()
+    );
+    Ok(first)
 }
 
 /// The URL in `kube-public/cluster-info`. NB: the leader publishes it once it leads a set, a

@@ -52,6 +52,11 @@ pub struct InitArgs {
     /// Write a join config file (for `tether join --config`) instead of printing the token.
     #[arg(long)]
     pub output: Option<std::path::PathBuf>,
+    /// PEM file of the leader API server's CA (or bundle) that members pin. Default: the
+    /// kubeconfig's CA. With several CAs (a CA rotation's overlap), the one the leader's serving
+    /// certificate chains to now is pinned.
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<std::path::PathBuf>,
     /// How long to wait for the leader controller to pick the ClusterSet up.
     #[arg(long, default_value = "60s", value_parser = tether_api::duration::parse)]
     pub wait: Duration,
