@@ -87,6 +87,25 @@ async fn compat() {
     .await;
     let since = k8s_openapi::jiff::Timestamp::now();
 
+    step(start, "the agent shows the leader's verdict on its version");
+    eventually(
+        "AgentVersionSupported=True on the member's ClusterSet",
+        Duration::from_secs(60),
+        || async {
+            let conditions = member
+                .set()
+                .await
+                .and_then(|s| s.status)
+                .map(|s| s.conditions)
+                .unwrap_or_default();
+            match conditions.iter().find(|c| c.type_ == "AgentVersionSupported") {
+                Some(c) if c.status == "True" && c.reason == "WithinSkew" => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+
     step(start, "it heartbeats");
     eventually("a newer heartbeat", Duration::from_secs(30), || async {
         if fleet::renewed_after(&leader.admin, "compat-member", since).await {

@@ -340,3 +340,93 @@ async fn a_replica_that_is_not_the_leader_writes_nothing() {
     .await;
     wait_counts(&l.admin, (1, 0, 1, 0), Duration::from_secs(10)).await;
 }
+
+/// AgentVersionSupported of a member's ManagedCluster: `(status, reason, message)`.
+async fn skew_condition(admin: &Client, m: &sim::Member) -> Option<(String, String, String)> {
+    let mc = Api::<ManagedCluster>::namespaced(admin.clone(), &m.namespace)
+        .get(&m.name)
+        .await
+        .ok()?;
+    mc.status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "AgentVersionSupported")
+        .map(|c| (c.status, c.reason, c.message))
+}
+
+#[tokio::test]
+async fn an_agent_outside_the_version_skew_is_told_what_to_do_and_stays_a_member() {
+    let l = Leader::start("skew", json!({})).await;
+    let m = join(&l.cluster, &l.admin, "east", "id-east").await;
+    m.heartbeat().await.expect("heartbeat");
+    let mcs = Api::<ManagedCluster>::namespaced(m.client.clone(), &m.namespace);
+    // What the agent writes in its report, with its own credential and field manager.
+    let report = |version: &'static str| {
+        let mcs = mcs.clone();
+        let name = m.name.clone();
+        async move {
+            mcs.patch_status(
+                &name,
+                &PatchParams::apply("tether-agent").force(),
+                &Patch::Apply(
+                    json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ManagedCluster",
+                                     "status": {"agentVersion": version}}),
+                ),
+            )
+            .await
+            .expect("the agent reports its version");
+        }
+    };
+    let wait_skew = |status: &'static str, reason: &'static str, says: &'static str| {
+        let admin = l.admin.clone();
+        let m = &m;
+        async move {
+            eventually(
+                &format!("AgentVersionSupported={status} ({reason})"),
+                Duration::from_secs(20),
+                || async {
+                    match skew_condition(&admin, m).await {
+                        Some((s, r, msg)) if s == status && r == reason && msg.contains(says) => Ok(()),
+                        other => {
+                            let mc = Api::<ManagedCluster>::namespaced(admin.clone(), &m.namespace)
+                                .get(&m.name)
+                                .await;
+                            Err(format!(
+                                "{other:?} {:?}",
+                                mc.map(|mc| mc.status.and_then(|s| s.agent_version))
+                            ))
+                        }
+                    }
+                },
+            )
+            .await;
+        }
+    };
+    let leader = tether_leader::skew::LEADER_VERSION;
+    let (major, minor) = {
+        let mut p = leader
+            .split('.')
+            .map(|n| n.parse::<u64>().expect("numeric version"));
+        (p.next().expect("major"), p.next().expect("minor"))
+    };
+    let too_new: &'static str = Box::leak(format!("{major}.{}.0", minor + 2).into_boxed_str());
+    let one_older: &'static str =
+        Box::leak(format!("{major}.{}.9", minor.saturating_sub(1)).into_boxed_str());
+
+    report(too_new).await;
+    wait_skew("False", "OutsideSkew", "upgrade the leader first").await;
+    wait_event(&l.admin, "east", "AgentVersionUnsupported").await;
+    assert_eq!(
+        sim::ready(&l.admin, &m.namespace, &m.name)
+            .await
+            .expect("Ready")
+            .0,
+        "True",
+        "a member outside the skew is flagged, not dropped"
+    );
+
+    report(one_older).await;
+    wait_skew("True", "WithinSkew", one_older).await;
+    report("not-a-version").await;
+    wait_skew("Unknown", "AgentVersionUnknown", "cannot be read").await;
+}

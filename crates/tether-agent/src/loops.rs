@@ -174,6 +174,7 @@ pub(crate) async fn report(
         .and_then(|mc| mc.status)
         .map(|s| s.conditions)
         .unwrap_or_default();
+    let mut judged = mirror_version_verdict(sh, &conditions).await;
     let mut forbidden = Settle::forbidden();
     let mut last_write = Instant::now();
     loop {
@@ -185,7 +186,9 @@ pub(crate) async fn report(
             let status =
                 crate::report::status(&next, &sh.ctx.api_server_url, &conditions, beat, Timestamp::now());
             match crate::report::write_status(&api, name, &status).await {
-                Ok(()) => {
+                Ok(written) => {
+                    let all = written.status.map(|s| s.conditions).unwrap_or_default();
+                    judged = mirror_version_verdict(sh, &all).await;
                     conditions = status.conditions;
                     forbidden.clear();
                     sh.ctx.metrics.status_write();
@@ -205,11 +208,37 @@ pub(crate) async fn report(
                 }
             }
         }
+        if !judged {
+            // NB: the leader judges the version the first report carried a moment after it;
+            // read it back (only until it is there: later verdicts come with each write).
+            let api = Api::<ManagedCluster>::namespaced(client.borrow().clone(), ns);
+            if let Ok(Some(mc)) = api.get_opt(name).await {
+                let all = mc.status.map(|s| s.conditions).unwrap_or_default();
+                judged = mirror_version_verdict(sh, &all).await;
+            }
+        }
         tokio::select! {
             _ = changed.notified() => tokio::time::sleep(Duration::from_secs(1)).await,
             _ = tokio::time::sleep(HEALTH_EVERY) => {}
         }
     }
+}
+
+/// Shows the leader's verdict on this agent's version (on the ManagedCluster) as the member
+/// ClusterSet's `AgentVersionSupported` condition, with a warning when it is outside the skew.
+/// Whether there was a verdict.
+async fn mirror_version_verdict(
+    sh: &Arc<Shared>,
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) -> bool {
+    let Some(verdict) = crate::report::version_supported(conditions) else {
+        return false;
+    };
+    if !verdict.0 {
+        warn!(message = %verdict.2, "The leader does not support this agent's version");
+    }
+    update(sh, |v| v.version_supported = Some(verdict)).await;
+    true
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);

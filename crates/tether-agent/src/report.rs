@@ -148,19 +148,33 @@ pub fn status(
     }
 }
 
-/// Writes `status` as the ManagedCluster `name`'s status (server-side apply of the agent's fields).
+/// Writes `status` as the ManagedCluster `name`'s status (server-side apply of the agent's
+/// fields) and returns the ManagedCluster as the leader now has it.
 pub async fn write_status(
     api: &Api<ManagedCluster>,
     name: &str,
     status: &ManagedClusterStatus,
-) -> Result<(), kube::Error> {
+) -> Result<ManagedCluster, kube::Error> {
     api.patch_status(
         name,
         &PatchParams::apply(FIELD_MANAGER).force(),
         &tether_api::status_apply::<ManagedCluster, _>(status),
     )
-    .await?;
-    Ok(())
+    .await
+}
+
+/// The leader's judgement of this agent's version on its ManagedCluster (`AgentVersionSupported`,
+/// see the leader's `skew.rs`), as the member ClusterSet shows it; None while the leader has not
+/// judged (or cannot tell, or is older than the condition).
+pub fn version_supported(conditions: &[Condition]) -> Option<crate::view::State> {
+    let c = tether_api::conditions::find(conditions, ConditionType::AgentVersionSupported)?;
+    let ok = match c.status.as_str() {
+        "True" => true,
+        "False" => false,
+        _ => return None,
+    };
+    let reason = c.reason.parse().ok()?;
+    Some((ok, reason, c.message.clone()))
 }
 
 #[cfg(test)]

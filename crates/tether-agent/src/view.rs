@@ -21,6 +21,8 @@ pub struct View {
     pub reachable: Option<State>,
     /// The leader's CA was verified.
     pub ca_verified: Option<State>,
+    /// The leader supports this agent's version (its judgement on the ManagedCluster, mirrored).
+    pub version_supported: Option<State>,
     /// The membership details.
     pub membership: Membership,
     /// Leaving (the ClusterSet is being deleted).
@@ -56,6 +58,7 @@ impl View {
         push(ConditionType::Registered, &self.registered);
         push(ConditionType::LeaderReachable, &self.reachable);
         push(ConditionType::CAVerified, &self.ca_verified);
+        push(ConditionType::AgentVersionSupported, &self.version_supported);
         let ready = if self.ready() {
             (true, Reason::Joined, "registered and heartbeating".to_string())
         } else {

@@ -92,6 +92,9 @@ api_words! {
         /// ManagedCluster: the agent's tunnel is attached to the active leader replica, so the
         /// member is reachable through the leader's proxy API.
         TunnelConnected,
+        /// ManagedCluster: the agent's version is within the skew the leader supports (one minor
+        /// older or newer).
+        AgentVersionSupported,
     }
 }
 
@@ -156,6 +159,12 @@ api_words! {
         TunnelClosed,
         /// ManagedCluster TunnelConnected=False: no tunnel reached the active leader replica.
         NoTunnel,
+        /// ManagedCluster AgentVersionSupported=True.
+        WithinSkew,
+        /// ManagedCluster AgentVersionSupported=False: upgrade the agent (or the leader).
+        OutsideSkew,
+        /// ManagedCluster AgentVersionSupported=Unknown: no readable agent version yet.
+        AgentVersionUnknown,
     }
 }
 
@@ -206,6 +215,8 @@ api_words! {
         LeaderMoved,
         /// Member side: the leader published a new CA bundle (a CA rotation) and the agent trusts it.
         LeaderCAChanged,
+        /// Leader side: a member's agent is outside the supported version skew.
+        AgentVersionUnsupported,
         /// Member side: leaving could not deregister at the leader.
         LeaveIncomplete,
     }

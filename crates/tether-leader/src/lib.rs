@@ -19,6 +19,7 @@ pub mod proxy;
 pub mod registration;
 pub mod roles;
 mod run;
+pub mod skew;
 pub mod status;
 mod streams;
 pub mod write;
@@ -265,10 +266,13 @@ fn slim_cluster(mc: &mut ManagedCluster) {
             .filter(|c| {
                 c.type_ == tether_api::conditions::ConditionType::Ready
                     || c.type_ == tether_api::conditions::ConditionType::TunnelConnected
+                    || c.type_ == tether_api::conditions::ConditionType::AgentVersionSupported
             })
             .collect();
+        // NB: the agent's version stays for the skew check (`skew.rs`).
         *status = tether_api::ManagedClusterStatus {
             conditions,
+            agent_version: status.agent_version.take(),
             ..Default::default()
         };
     }

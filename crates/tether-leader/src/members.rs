@@ -101,23 +101,44 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
         .map(|s| s.conditions.as_slice())
         .unwrap_or_default();
     let current = tether_api::conditions::find(previous, ConditionType::Ready);
-    if current.map(|c| (c.status.as_str(), c.reason.as_str())) != Some((status.as_str(), reason.as_str())) {
-        let message = match reason {
-            Reason::AwaitingHeartbeat => "approved; waiting for the agent's first heartbeat".to_string(),
-            Reason::HeartbeatExpired => format!(
-                "no heartbeat for more than {}: check that the agent runs and reaches the leader",
-                policy.grace_period
+    let ready_changed =
+        current.map(|c| (c.status.as_str(), c.reason.as_str())) != Some((status.as_str(), reason.as_str()));
+    let agent_version = mc.status.as_ref().and_then(|s| s.agent_version.as_deref());
+    let (skew_status, skew_reason, skew_message) =
+        crate::skew::judge(crate::skew::LEADER_VERSION, agent_version);
+    let skew_now = tether_api::conditions::find(previous, ConditionType::AgentVersionSupported);
+    let skew_changed = skew_now.map(|c| (c.status.as_str(), c.reason.as_str(), c.message.as_str()))
+        != Some((skew_status.as_str(), skew_reason.as_str(), skew_message.as_str()));
+    let message = match reason {
+        Reason::AwaitingHeartbeat => "approved; waiting for the agent's first heartbeat".to_string(),
+        Reason::HeartbeatExpired => format!(
+            "no heartbeat for more than {}: check that the agent runs and reaches the leader",
+            policy.grace_period
+        ),
+        _ => "heartbeats arrive".to_string(),
+    };
+    if ready_changed || skew_changed {
+        // NB: both conditions go in every apply: the leader's field manager owns both, and an
+        // apply without one would remove it.
+        let now = Timestamp::now();
+        let conditions = vec![
+            condition(
+                previous,
+                ConditionType::Ready,
+                status,
+                reason,
+                message.clone(),
+                now,
             ),
-            _ => "heartbeats arrive".to_string(),
-        };
-        let cond = condition(
-            previous,
-            ConditionType::Ready,
-            status,
-            reason,
-            message.clone(),
-            Timestamp::now(),
-        );
+            condition(
+                previous,
+                ConditionType::AgentVersionSupported,
+                skew_status,
+                skew_reason,
+                skew_message.clone(),
+                now,
+            ),
+        ];
         // NB: the last heartbeat rides along with every Ready change (and the agent's periodic
         // report), so LAST HEARTBEAT is true at each transition without a write per heartbeat.
         let last_heartbeat_time = announce
@@ -126,12 +147,28 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
             .as_ref()
             .map(|t| k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t.0));
         let patch = ManagedClusterStatus {
-            conditions: vec![cond],
+            conditions,
             last_heartbeat_time,
             ..ManagedClusterStatus::default()
         };
         let api = Api::<ManagedCluster>::namespaced(ctx.client.clone(), &namespace);
         apply_status(&ctx, &api, &name, &patch).await?;
+    }
+    if skew_changed && skew_status == Status::False {
+        warn!(cluster = %name, cluster_id = %mc.spec.cluster_id, set = %mc.spec.cluster_set,
+              agent_version = agent_version.unwrap_or_default(), leader_version = crate::skew::LEADER_VERSION,
+              "Member's agent is outside the supported version skew");
+        event(
+            &ctx,
+            mc.as_ref(),
+            EventType::Warning,
+            EventReason::AgentVersionUnsupported,
+            "VersionSkew",
+            &skew_message,
+        )
+        .await;
+    }
+    if ready_changed {
         let was_lost = current.is_some_and(|c| c.reason == Reason::HeartbeatExpired);
         if reason == Reason::HeartbeatExpired {
             warn!(cluster = %name, cluster_id = %mc.spec.cluster_id, set = %mc.spec.cluster_set,

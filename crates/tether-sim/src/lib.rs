@@ -328,6 +328,7 @@ impl Member {
         let status = status(&report, &url, &[], Some(Timestamp::now()), Timestamp::now());
         write_status(&self.cluster, &self.name, &status)
             .await
+            .map(drop)
             .map_err(|source| Error::Leader {
                 op: "report status",
                 source,
