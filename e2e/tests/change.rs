@@ -133,21 +133,13 @@ async fn members_follow_a_new_leader_url_and_stay_ready_when_the_old_address_goe
         },
     )
     .await;
-    let back = Timestamp::now();
-    for name in ["east", "west"] {
-        eventually(
-            &format!("{name} heartbeats on the declared URL again"),
-            Duration::from_secs(60),
-            || async {
-                if fleet::renewed_after(&leader.admin, name, back).await {
-                    Ok(())
-                } else {
-                    Err("no heartbeat yet".to_string())
-                }
-            },
-        )
-        .await;
-    }
+    heartbeats_after(
+        &leader,
+        &["east", "west"],
+        Timestamp::now(),
+        "on the declared URL again",
+    )
+    .await;
 
     // `helm upgrade --set leaderURL=<new>`: the leader restarts with the new URL.
     leader.controller.terminate();
@@ -175,37 +167,17 @@ async fn members_follow_a_new_leader_url_and_stay_ready_when_the_old_address_goe
 
     // The old address goes: nothing reaches the leader through it any more.
     old.close();
-    let gone = Timestamp::now();
-    for name in ["east", "west"] {
-        eventually(
-            &format!("{name} heartbeats after the old address went"),
-            Duration::from_secs(30),
-            || async {
-                if fleet::renewed_after(&leader.admin, name, gone).await {
-                    Ok(())
-                } else {
-                    Err("no heartbeat yet".to_string())
-                }
-            },
-        )
-        .await;
-    }
+    heartbeats_after(
+        &leader,
+        &["east", "west"],
+        Timestamp::now(),
+        "after the old address went",
+    )
+    .await;
     // An agent restarted now starts on the URL it learned (its status), not the dead one.
     west.kill_agent();
     west.start_agent();
-    let restarted = Timestamp::now();
-    eventually(
-        "west heartbeats after its restart",
-        Duration::from_secs(60),
-        || async {
-            if fleet::renewed_after(&leader.admin, "west", restarted).await {
-                Ok(())
-            } else {
-                Err("no heartbeat yet".to_string())
-            }
-        },
-    )
-    .await;
+    heartbeats_after(&leader, &["west"], Timestamp::now(), "after its restart").await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     for name in ["east", "west"] {
         let mc = fleet::managed(&leader.admin, name).await.expect("member");

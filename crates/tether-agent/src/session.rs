@@ -151,7 +151,6 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
         Some(ca) => Trust::Ca(ca.to_string()),
         None => discovery::trust_for(spec).await?,
     };
-    sh.moved_failures.store(0, Ordering::Release);
     let verified = match &trust {
         Trust::Ca(_) if spec.ca_bundle.is_some() => (
             true,
@@ -192,6 +191,21 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
         url: spec.leader_url.clone(),
         trust,
     };
+    if learned.is_some() {
+        // NB: as pin discovery would, make sure the leader answers at this URL (anonymously)
+        // before anything else, so that a moved-to URL that does not answer is counted and given
+        // up on (`abandon_moved_after_failures`).
+        leader
+            .client(None)?
+            .apiserver_version()
+            .await
+            .map_err(|source| Error::Leader {
+                op: "reach the leader",
+                source,
+            })?;
+    }
+    // NB: the leader answered here: a moved-to URL works.
+    sh.moved_failures.store(0, Ordering::Release);
 
     let cluster_id = state::cluster_id(&ctx.client, spec.cluster_id.as_deref()).await?;
     let (identity, recipient) = state::key_pair(&ctx.client, &ctx.namespace).await?;
