@@ -1044,6 +1044,19 @@ async fn expose_echo(m: &MemberSide, echo_port: u16) {
         .create(&PostParams::default(), &ep)
         .await
         .expect("endpoints");
+    // NB: newer API servers (1.37 here) proxy to a Service through its EndpointSlices, which no
+    // controller mirrors from the Endpoints on this member (it runs no controller manager).
+    apply(
+        &m.admin,
+        Some("default"),
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "echo-1", "namespace": "default", "labels": {"kubernetes.io/service-name": "echo"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [ip], "conditions": {"ready": true},
+                       "targetRef": {"kind": "Pod", "name": "echo", "namespace": "default"}}],
+        "ports": [{"name": "http", "port": echo_port, "protocol": "TCP"}]}),
+    )
+    .await;
 }
 
 /// A plain-HTTP server that switches any upgrade request to an echo of its bytes, except on a
