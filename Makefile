@@ -5,7 +5,7 @@ include e2e/versions.env
 CARGO ?= cargo
 export CARGO_TERM_PROGRESS_WHEN ?= auto
 
-.PHONY: help demo demo-down tools image generate check-generated fmt lint build test test-compat bench bench-leader bench-agent soak bench-costs bench-proxy clean-tools
+.PHONY: help demo demo-down tools image generate check-generated fmt lint build test test-compat test-upgrade bench bench-leader bench-agent soak bench-costs bench-proxy clean-tools
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -52,6 +52,10 @@ test-compat: image ## The member-side tests on every supported Kubernetes versio
 	@bash e2e/tools.sh --compat
 	$(CARGO) build --locked -p tether-controller -p tether-cli -p tether-sim
 	TETHER_COMPAT_NODES=$(if $(filter 0,$(NODES)),0,1) CARGO="$(CARGO)" e2e/compat.sh
+
+test-upgrade: image ## Upgrade from an earlier release on real nodes: FROM=v0.1.0 (its image is built in target/upgrade/FROM; about 15 min after that)
+	$(CARGO) build --locked -p tether-controller -p tether-cli
+	FROM="$(FROM)" CARGO="$(CARGO)" e2e/upgrade.sh
 
 bench: tools ## Benchmark: one leader against N simulated members (N="100 1000 5000 10000" by default; tens of minutes; TTL=600 also measures credential renewals; FAILOVERS=K repeats the failover; FAILOVER_BINS=dirA,dirB runs those builds in turn)
 	$(CARGO) build --locked --release -p tether-controller

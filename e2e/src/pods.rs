@@ -452,3 +452,29 @@ pub async fn allow_leader_admin(
     )
     .await
 }
+
+/// UID of every ManagedCluster and the number of registration requests at the leader: a second
+/// registration of the same member would change either.
+pub async fn identities(leader: &TestCluster) -> (std::collections::BTreeMap<String, String>, usize) {
+    let client = leader.client().expect("client");
+    let mcs = Api::<ManagedCluster>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .expect("list mcls");
+    let requests = Api::<tether_api::ClusterRegistrationRequest>::all(client)
+        .list(&Default::default())
+        .await
+        .expect("list requests");
+    (
+        mcs.items
+            .iter()
+            .map(|m| {
+                (
+                    kube::ResourceExt::name_any(m),
+                    kube::ResourceExt::uid(m).unwrap_or_default(),
+                )
+            })
+            .collect(),
+        requests.items.len(),
+    )
+}

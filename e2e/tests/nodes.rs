@@ -17,7 +17,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
-use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster};
+use tether_api::ClusterSet;
 use tether_e2e::pods::{self, Helm, NAMESPACE, PodFleet, chart_pods, ready_members, shell, step, text};
 use tether_testkit::{TestCluster, eventually};
 
@@ -26,27 +26,6 @@ fn main() -> ExitCode {
         "the node tier",
         "charts_run_as_real_pods_join_fail_over_upgrade_and_uninstall_cleanly",
         real_pods,
-    )
-}
-
-/// UID of every ManagedCluster and the number of registration requests at the leader: a second
-/// registration of the same member would change either.
-async fn identities(leader: &TestCluster) -> (BTreeMap<String, String>, usize) {
-    let client = leader.client().expect("client");
-    let mcs = Api::<ManagedCluster>::all(client.clone())
-        .list(&Default::default())
-        .await
-        .expect("list mcls");
-    let requests = Api::<ClusterRegistrationRequest>::all(client)
-        .list(&Default::default())
-        .await
-        .expect("list requests");
-    (
-        mcs.items
-            .iter()
-            .map(|m| (m.name_any(), m.uid().unwrap_or_default()))
-            .collect(),
-        requests.items.len(),
     )
 }
 
@@ -65,7 +44,7 @@ async fn lease_holder(cluster: &TestCluster, lease: &str) -> String {
 async fn assert_members_kept(leader: &TestCluster, before: &(BTreeMap<String, String>, usize), what: &str) {
     assert_eq!(ready_members(leader).await.len(), 2, "no member lost in {what}");
     assert_eq!(
-        &identities(leader).await,
+        &pods::identities(leader).await,
         before,
         "no second registration in {what}"
     );
@@ -449,7 +428,7 @@ async fn real_pods() {
         table.contains("east") && table.contains("west") && table.matches("1/1").count() >= 2,
         "{table}"
     );
-    let (ids, requests) = identities(leader).await;
+    let (ids, requests) = pods::identities(leader).await;
     assert_eq!(ids.len(), 2, "{ids:?}");
 
     step(start, "every command of both NOTES.txt works as printed");
@@ -645,7 +624,7 @@ async fn real_pods() {
         Duration::from_secs(60),
         || async {
             let members = ready_members(leader).await;
-            let (ids, _) = identities(leader).await;
+            let (ids, _) = pods::identities(leader).await;
             if ids.keys().any(|k| k == "west") {
                 Err(format!("{members:?}"))
             } else {
@@ -706,7 +685,7 @@ async fn real_pods() {
         "east is removed at the leader",
         Duration::from_secs(60),
         || async {
-            let (ids, _) = identities(leader).await;
+            let (ids, _) = pods::identities(leader).await;
             if ids.is_empty() {
                 Ok(())
             } else {

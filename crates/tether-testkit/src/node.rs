@@ -35,10 +35,14 @@ pub(crate) const SANDBOX_CGROUP: &str = "tether-sandbox";
 pub(crate) const CGROUPS_FILE: &str = "cgroups";
 const CGROUP_FS: &str = "/sys/fs/cgroup";
 
-/// The image archives a node imports: the pause image and the project's image.
+/// The image archives a node imports: the pause image and the project's image, plus those
+/// `$TETHER_EXTRA_IMAGES` names (`:`-separated; `make test-upgrade` adds an earlier release's).
 pub fn image_archives() -> Result<Vec<PathBuf>, Error> {
     let dir = repo_root().join("target/images");
-    let archives: Vec<PathBuf> = ["pause.tar", "tether.tar"].iter().map(|f| dir.join(f)).collect();
+    let mut archives: Vec<PathBuf> = ["pause.tar", "tether.tar"].iter().map(|f| dir.join(f)).collect();
+    if let Some(extra) = std::env::var_os("TETHER_EXTRA_IMAGES") {
+        archives.extend(std::env::split_paths(&extra).filter(|p| !p.as_os_str().is_empty()));
+    }
     let missing: Vec<String> = archives
         .iter()
         .filter(|p| !p.is_file())

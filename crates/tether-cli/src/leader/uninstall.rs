@@ -148,6 +148,9 @@ pub async fn uninstall(target: &Target, args: UninstallArgs) -> anyhow::Result<(
     Api::<Secret>::namespaced(client.clone(), ns)
         .delete_collection(&dp, &mine)
         .await?;
+    Api::<k8s_openapi::api::core::v1::Endpoints>::namespaced(client.clone(), ns)
+        .delete_collection(&dp, &mine)
+        .await?;
     Api::<EndpointSlice>::namespaced(client.clone(), ns)
         .delete_collection(
             &dp,

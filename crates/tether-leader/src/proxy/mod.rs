@@ -283,6 +283,25 @@ async fn serve(
         )
         .await
         .map_err(api("point the proxy EndpointSlice at this replica"))?;
+    // NB: the aggregator of Kubernetes 1.33 and older routes by Endpoints.
+    let minor = client
+        .apiserver_version()
+        .await
+        .map(|v| v.minor)
+        .unwrap_or_default();
+    if serving::routes_by_endpoints(&minor) {
+        let endpoints = serving::endpoints(&opts.namespace, &opts.service, opts.advertise, bound.port());
+        Api::<k8s_openapi::api::core::v1::Endpoints>::namespaced(client.clone(), &opts.namespace)
+            .patch(
+                &opts.service,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&endpoints),
+            )
+            .await
+            .map_err(api(
+                "point the proxy Endpoints at this replica (Kubernetes before 1.34)",
+            ))?;
+    }
     // NB: registered only now that a replica listens behind it: an APIService without a
     // serving replica fails discovery for its group, and namespace deletion everywhere in the
     // cluster waits on discovery (the metrics-server outage). It is withdrawn on shutdown.

@@ -12,6 +12,9 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{
+    EndpointAddress, EndpointPort as CoreEndpointPort, EndpointSubset, Endpoints,
+};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use kube::api::ObjectMeta;
 use tether_tunnel::cert::Authority;
@@ -221,9 +224,67 @@ pub fn endpoint_slice(namespace: &str, service: &str, ip: IpAddr, port: u16) -> 
     }
 }
 
+/// The newest Kubernetes minor whose aggregator routes to an APIService's Service through its
+/// Endpoints rather than its EndpointSlices (1.32 is; 1.34 and later are not): the serving
+/// replica writes both there.
+pub const LAST_MINOR_ROUTING_BY_ENDPOINTS: u32 = 33;
+
+/// Whether an API server of `minor` (its `/version` minor, e.g. "32" or "33+") routes aggregated
+/// APIs by Endpoints; an unreadable minor is taken as new.
+pub fn routes_by_endpoints(minor: &str) -> bool {
+    minor
+        .trim_end_matches('+')
+        .parse::<u32>()
+        .is_ok_and(|m| m <= LAST_MINOR_ROUTING_BY_ENDPOINTS)
+}
+
+/// The Endpoints of `service` naming only `ip:port`, for aggregators that still route by them
+/// (`routes_by_endpoints`); marked so that no controller mirrors them into another slice.
+pub fn endpoints(namespace: &str, service: &str, ip: IpAddr, port: u16) -> Endpoints {
+    Endpoints {
+        metadata: ObjectMeta {
+            name: Some(service.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels: Some(BTreeMap::from([
+                (SKIP_MIRROR_LABEL.to_string(), "true".to_string()),
+                (
+                    tether_api::labels::MANAGED_BY.to_string(),
+                    crate::provision::FIELD_MANAGER.to_string(),
+                ),
+            ])),
+            ..ObjectMeta::default()
+        },
+        subsets: Some(vec![EndpointSubset {
+            addresses: Some(vec![EndpointAddress {
+                ip: ip.to_string(),
+                ..EndpointAddress::default()
+            }]),
+            ports: Some(vec![CoreEndpointPort {
+                name: Some(PORT_NAME.into()),
+                port: i32::from(port),
+                protocol: Some("TCP".into()),
+                ..CoreEndpointPort::default()
+            }]),
+            ..EndpointSubset::default()
+        }]),
+    }
+}
+
+/// Label that keeps the EndpointSlice mirroring controller from copying Endpoints.
+const SKIP_MIRROR_LABEL: &str = "endpointslice.kubernetes.io/skip-mirror";
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_aggregators_before_1_34_route_by_endpoints() {
+        assert!(routes_by_endpoints("32"));
+        assert!(routes_by_endpoints("33+"));
+        assert!(!routes_by_endpoints("34"));
+        assert!(!routes_by_endpoints("37"));
+        assert!(!routes_by_endpoints(""));
+    }
 
     /// The leader's default `--proxy-cert-validity`.
     const DEFAULT_VALIDITY: std::time::Duration = std::time::Duration::from_secs(90 * 24 * 3600);
