@@ -321,10 +321,18 @@ pub async fn up(root: Option<&Path>, members: &[(&str, Helm)], start: Instant) -
     let leader = all.next().expect("leader");
     let member_clusters: Vec<TestCluster> = all.collect();
     for c in std::iter::once(&leader).chain(&member_clusters) {
+        let version = match c.client() {
+            Ok(client) => client
+                .apiserver_version()
+                .await
+                .map(|v| v.git_version)
+                .unwrap_or_default(),
+            Err(_) => String::new(),
+        };
         step(
             start,
             &format!(
-                "  {} ready at {} ({:.1?}, node Ready)",
+                "  {} (Kubernetes {version}) ready at {} ({:.1?}, node Ready)",
                 c.name(),
                 c.url(),
                 c.startup_time()
