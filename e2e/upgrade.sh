@@ -7,8 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 from=${FROM:?set FROM, e.g. make test-upgrade FROM=v0.1.0}
 cargo=${CARGO:-cargo}
-git rev-parse -q --verify "refs/tags/$from^{commit}" >/dev/null \
-  || { echo "error: no tag $from here (git fetch --tags?)" >&2; exit 2; }
+# NB: v0.1.0 is commit e78c5f8; a clone without the tag can say FROM=e78c5f8.
+git rev-parse -q --verify "$from^{commit}" >/dev/null \
+  || { echo "error: $from is neither a tag nor a commit here (git fetch --tags? v0.1.0 is e78c5f8)" >&2; exit 2; }
 dir=target/upgrade/$from
 if [[ ! -e $dir/.git ]]; then
   git worktree prune
