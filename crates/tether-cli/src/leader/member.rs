@@ -50,22 +50,37 @@ fn banned(set: &ClusterSet) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Writes the set's banned IDs, failing (rather than losing an admin's edit) if the set changed
-/// since it was read.
-async fn write_bans(sets: &Api<ClusterSet>, set: &ClusterSet, ids: &[String]) -> anyhow::Result<()> {
-    let patch = json!({
-        "metadata": {"resourceVersion": set.resource_version()},
-        "spec": {"leader": {"bannedClusterIDs": ids}},
-    });
-    sets.patch(&set.name_any(), &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .with_context(|| {
-            format!(
-                "cannot write the banned cluster IDs of ClusterSet {} (run it again if it changed meanwhile)",
-                set.name_any()
-            )
-        })?;
-    Ok(())
+/// Edits the set's banned IDs with `edit` in a resourceVersion-checked write. When the set
+/// changed since it was read (the leader writes its status often), it is read again and the edit
+/// made again, a few times, so that no one else's edit is lost and no conflict reaches the admin.
+async fn edit_bans(
+    sets: &Api<ClusterSet>,
+    name: &str,
+    edit: impl Fn(&mut Vec<String>),
+) -> anyhow::Result<()> {
+    const ATTEMPTS: usize = 5;
+    for attempt in 1..=ATTEMPTS {
+        let set = sets.get(name).await?;
+        let mut ids = banned(&set);
+        edit(&mut ids);
+        let patch = json!({
+            "metadata": {"resourceVersion": set.resource_version()},
+            "spec": {"leader": {"bannedClusterIDs": ids}},
+        });
+        match sets
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 && attempt < ATTEMPTS => continue,
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("cannot write the banned cluster IDs of ClusterSet {name} (run it again)")
+                });
+            }
+        }
+    }
+    unreachable!("the last attempt returns")
 }
 
 async fn remove(target: &Target, name: &str, clusterset: Option<&str>, ban: bool) -> anyhow::Result<()> {
@@ -87,12 +102,13 @@ async fn remove(target: &Target, name: &str, clusterset: Option<&str>, ban: bool
     let id = mc.spec.cluster_id.clone();
     let member_ns = mc.namespace().unwrap_or_default();
     // NB: the ban first: a member removed and not yet banned could register again in between.
-    if ban {
-        let mut ids = banned(&set);
-        if !ids.contains(&id) {
-            ids.push(id.clone());
-            write_bans(&sets, &set, &ids).await?;
-        }
+    if ban && !banned(&set).contains(&id) {
+        edit_bans(&sets, &set.name_any(), |ids| {
+            if !ids.contains(&id) {
+                ids.push(id.clone());
+            }
+        })
+        .await?;
     }
     let requests = Api::<ClusterRegistrationRequest>::namespaced(client.clone(), ns);
     for req in requests.list(&ListParams::default()).await?.items {
@@ -144,8 +160,7 @@ async fn unban(target: &Target, id: &str, clusterset: Option<&str>) -> anyhow::R
         );
         return Ok(());
     }
-    let rest: Vec<String> = ids.into_iter().filter(|b| b != id).collect();
-    write_bans(&sets, &set, &rest).await?;
+    edit_bans(&sets, &set.name_any(), |ids| ids.retain(|b| b != id)).await?;
     println!(
         "cluster ID {id} may register in ClusterSet {} again (with a valid join token)",
         set.name_any()
