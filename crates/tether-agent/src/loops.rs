@@ -34,6 +34,8 @@ use crate::{Error, FIELD_MANAGER};
 const FULL_REFRESH: Duration = Duration::from_secs(300);
 /// How often the member API server's health is checked.
 const HEALTH_EVERY: Duration = Duration::from_secs(30);
+/// Reads of the ManagedCluster, one per `HEALTH_EVERY`, waiting for the leader's version verdict.
+const VERDICT_READS: u32 = 10;
 /// The heartbeat time in the member status is refreshed at most this often.
 const HEARTBEAT_STATUS_EVERY: Duration = Duration::from_secs(60);
 
@@ -175,6 +177,7 @@ pub(crate) async fn report(
         .map(|s| s.conditions)
         .unwrap_or_default();
     let mut judged = mirror_version_verdict(sh, &conditions).await;
+    let mut verdict_reads = VERDICT_READS;
     let mut forbidden = Settle::forbidden();
     let mut last_write = Instant::now();
     loop {
@@ -208,9 +211,11 @@ pub(crate) async fn report(
                 }
             }
         }
-        if !judged {
+        if !judged && verdict_reads > 0 {
             // NB: the leader judges the version the first report carried a moment after it;
-            // read it back (only until it is there: later verdicts come with each write).
+            // read it back (only until it is there: later verdicts come with each write), a few
+            // times at most, so an older leader that never judges costs no read per agent forever.
+            verdict_reads -= 1;
             let api = Api::<ManagedCluster>::namespaced(client.borrow().clone(), ns);
             if let Ok(Some(mc)) = api.get_opt(name).await {
                 let all = mc.status.map(|s| s.conditions).unwrap_or_default();
