@@ -5,7 +5,7 @@ include e2e/versions.env
 CARGO ?= cargo
 export CARGO_TERM_PROGRESS_WHEN ?= auto
 
-.PHONY: help demo demo-down tools image generate check-generated fmt lint build test test-compat test-upgrade bench bench-leader bench-agent soak bench-costs bench-proxy clean-tools
+.PHONY: help demo demo-down tools image generate check-generated fmt lint build test test-compat test-upgrade bench bench-leader bench-agent soak bench-costs bench-proxy bench-liveness clean-tools
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -88,6 +88,10 @@ bench-agent: tools ## Benchmark: agent RSS/CPU at idle with 100 nodes, writes pe
 
 clean-tools: ## Remove .tools (the version-keyed cache in ~/.cache/tether stays)
 	rm -rf .tools
+
+bench-liveness: tools ## Benchmark: liveness from the tunnel with N simulated members holding real tunnels (N="1000 5000 10000"): cost per member and per tunnel, steady writes, killed/frozen agents to Unknown, a failover; runs the image's musl leader binary; needs root
+	@bash e2e/image.sh
+	TETHER_BIN_DIR=$(CURDIR)/target/$(IMAGE_RUST_TARGET)/release $(CARGO) run --locked --release -q -p tether-e2e --example liveness_bench -- $(or $(N),1000 5000 10000)
 
 bench-proxy: tools ## Benchmark: member access, proxy vs direct (latency, large list, a stalled reader) and leader cost per idle tunnel (N=1000); needs root
 	$(CARGO) build --locked --release -p tether-controller

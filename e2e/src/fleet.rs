@@ -374,15 +374,28 @@ pub fn nodes(mc: &ManagedCluster) -> Option<String> {
     mc.status.as_ref()?.nodes.as_ref().map(|n| n.summary.clone())
 }
 
-/// Whether member `name` (of the tests' set) renewed its announce after `since`.
+/// Whether member `name` (of the tests' set) heartbeated after `since`.
 pub async fn renewed_after(admin: &Client, name: &str, since: k8s_openapi::jiff::Timestamp) -> bool {
-    Api::<tether_api::MemberClusterAnnounce>::namespaced(admin.clone(), &crate::sim::ns_of(name))
+    heartbeat_time(admin, name).await.is_some_and(|t| t > since)
+}
+
+/// When member `name` (of the tests' set) last heartbeated: the later renewal of its Lease and
+/// its announce (which agents from before heartbeat Leases renew).
+pub async fn heartbeat_time(admin: &Client, name: &str) -> Option<k8s_openapi::jiff::Timestamp> {
+    let ns = crate::sim::ns_of(name);
+    let announce = Api::<tether_api::MemberClusterAnnounce>::namespaced(admin.clone(), &ns)
         .get_opt(name)
         .await
         .ok()
         .flatten()
-        .and_then(|a| a.spec.renew_time)
-        .is_some_and(|t| t.0 > since)
+        .and_then(|a| a.spec.renew_time);
+    let lease = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(admin.clone(), &ns)
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec?.renew_time);
+    announce.into_iter().chain(lease).map(|t| t.0).max()
 }
 
 /// When member `m`'s stored leader credential expires.

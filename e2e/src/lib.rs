@@ -4,6 +4,7 @@
 
 pub mod access;
 pub mod fleet;
+pub mod liveness;
 pub mod pods;
 pub mod scale;
 pub mod sim;

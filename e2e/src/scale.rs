@@ -157,7 +157,7 @@ impl Outcome {
         self.writes.values().sum()
     }
 
-    /// Announce writes per heartbeat the members sent (the target is 1).
+    /// Heartbeat writes per heartbeat the members sent (the target is 1).
     pub fn writes_per_heartbeat(&self) -> f64 {
         if self.heartbeats == 0.0 {
             return 0.0;
@@ -371,7 +371,9 @@ pub fn capacity_table(api_limit: f64) -> String {
 /// Writes per registration measured by `make bench-leader` (docs/benchmarks.md): used only to put
 /// the registration rate next to the API server limit.
 const WRITES_PER_REGISTRATION: f64 = 10.0;
-const ANNOUNCE: &str = "announce (heartbeat)";
+/// Heartbeats: Lease renewals (the control plane's own Leases, about 0.1 /s, count here too)
+/// and announces (agents from before heartbeat Leases).
+const ANNOUNCE: &str = "heartbeat (Lease, announce)";
 const MANAGED_CLUSTER_STATUS: &str = "ManagedCluster status";
 const CLUSTER_SET_STATUS: &str = "ClusterSet status";
 const OTHER: &str = "other";
@@ -909,7 +911,7 @@ pub async fn write_costs(cluster: &TestCluster, window: Duration) -> Vec<WriteCo
                                 .await
                                 .map(|_| ())
                         }
-                        Write::Announce => tether_agent::loops::beat(&announces, &name, now)
+                        Write::Announce => tether_agent::heartbeat::beat(&announces, &name, now)
                             .await
                             .map(|_| ()),
                         Write::TokenRequest => {
@@ -1186,7 +1188,7 @@ pub(crate) fn classify(
     for (what, n) in after {
         let delta = n - before.get(what).copied().unwrap_or(0.0);
         let kind = match what.as_str() {
-            "memberclusterannounces" => ANNOUNCE,
+            "memberclusterannounces" | "leases" => ANNOUNCE,
             "managedclusters/status" => MANAGED_CLUSTER_STATUS,
             "clustersets/status" => CLUSTER_SET_STATUS,
             _ => OTHER,

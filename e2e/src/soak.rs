@@ -14,13 +14,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Client;
 use kube::api::{Api, ListParams};
 use rand::Rng;
 use rand::seq::SliceRandom;
 use serde_json::json;
-use tether_api::{ClusterRegistrationRequest, ManagedCluster, MemberClusterAnnounce};
+use tether_api::{ClusterRegistrationRequest, ManagedCluster};
 use tether_sim::{Fleet, Join, Member, join_all, quantile};
 use tether_testkit::{Controller, TestCluster, token_kubeconfig};
 use tokio::task::JoinHandle;
@@ -719,11 +720,12 @@ async fn wait_recovered(
         let clusters = Api::<ManagedCluster>::all(admin.clone())
             .list(&ListParams::default())
             .await;
-        let announces = Api::<MemberClusterAnnounce>::all(admin.clone())
-            .list(&ListParams::default())
+        // NB: simulated members heartbeat on their Lease (labelled with their cluster ID).
+        let leases = Api::<Lease>::all(admin.clone())
+            .list(&ListParams::default().labels(tether_api::labels::CLUSTER_SET))
             .await;
         let (mut ready, mut beat) = (0, 0);
-        if let (Ok(clusters), Ok(announces)) = (&clusters, &announces) {
+        if let (Ok(clusters), Ok(leases)) = (&clusters, &leases) {
             ready = clusters
                 .items
                 .iter()
@@ -735,11 +737,12 @@ async fn wait_recovered(
                         .any(|c| c.type_ == "Ready" && c.status == "True")
                 })
                 .count();
-            beat = announces
+            beat = leases
                 .items
                 .iter()
-                .filter(|a| expected.contains(&a.spec.cluster_id))
-                .filter(|a| a.spec.renew_time.as_ref().is_some_and(|t| t.0 > wall_since))
+                .filter_map(|l| l.spec.as_ref())
+                .filter(|l| l.holder_identity.as_ref().is_some_and(|id| expected.contains(id)))
+                .filter(|l| l.renew_time.as_ref().is_some_and(|t| t.0 > wall_since))
                 .count();
             worst = worst.max(n - ready.min(n));
         }

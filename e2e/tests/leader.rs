@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tether_api::registration::{RegistrationReason, RegistrationResult};
 use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, MemberClusterAnnounce};
@@ -110,6 +111,19 @@ async fn approved_member_gets_a_sealed_credential_confined_to_its_own_namespace(
         )
         .await
         .expect("member renews its announce");
+    let renewal = json!({"spec": {"renewTime": "2026-11-29T10:00:00.000000Z"}});
+    let own_lease = Api::<Lease>::namespaced(member.clone(), own)
+        .patch("east", &pp, &Patch::Merge(&renewal))
+        .await
+        .expect("member renews its heartbeat Lease, which the leader made");
+    assert_eq!(
+        own_lease
+            .annotations()
+            .get(tether_api::annotations::TUNNEL_PING_INTERVAL)
+            .map(String::as_str),
+        Some("5"),
+        "the Lease tells the agent the set's intervals"
+    );
     service_account_token(&member, own, &cred.service_account)
         .await
         .expect("member renews its own token");
@@ -139,6 +153,37 @@ async fn approved_member_gets_a_sealed_credential_confined_to_its_own_namespace(
                     &pp,
                     &Patch::Merge(json!({"spec": {"renewTime": "2026-11-29T10:00:00.000000Z"}})),
                 )
+                .await
+                .err(),
+        ),
+        (
+            "renew another member's heartbeat Lease",
+            Api::<Lease>::namespaced(member.clone(), other)
+                .patch("west", &pp, &Patch::Merge(&renewal))
+                .await
+                .err(),
+        ),
+        (
+            "create another Lease in its own namespace (a decoy heartbeat)",
+            Api::<Lease>::namespaced(member.clone(), own)
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(json!({"metadata": {"name": "west"}})).expect("lease"),
+                )
+                .await
+                .err(),
+        ),
+        (
+            "delete its own heartbeat Lease",
+            Api::<Lease>::namespaced(member.clone(), own)
+                .delete("east", &Default::default())
+                .await
+                .err(),
+        ),
+        (
+            "list the Leases of its namespace",
+            Api::<Lease>::namespaced(member.clone(), own)
+                .list(&ListParams::default())
                 .await
                 .err(),
         ),

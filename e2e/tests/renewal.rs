@@ -14,20 +14,13 @@ use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ListParams};
 use serde_json::json;
-use tether_api::MemberClusterAnnounce;
 use tether_e2e::fleet::{self, credential_expiry, kube_system_uid, managed, ready, requests_for, wait_mc};
 use tether_e2e::sim::{HOME, SET, ns_of};
 use tether_testkit::{BootstrapToken, Controller, CreateToken, eventually};
 
 /// Whether member `name` registered a second time and has heartbeated since `since`.
 async fn rejoined(admin: &kube::Client, name: &str, id: &str, since: Timestamp) -> bool {
-    let beat = Api::<MemberClusterAnnounce>::namespaced(admin.clone(), &ns_of(name))
-        .get_opt(name)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|a| a.spec.renew_time)
-        .is_some_and(|t| t.0 > since);
+    let beat = tether_e2e::fleet::renewed_after(admin, name, since).await;
     beat && requests_for(admin, id).await == 2
 }
 
@@ -141,18 +134,10 @@ async fn credentials_renew_before_expiry_and_agents_offline_past_it_come_back() 
     assert!(log.matches("Credential renewed").count() >= 2, "{log}");
     let mc = managed(&leader.admin, "steady").await.expect("steady");
     assert_eq!(ready(&mc).as_deref(), Some("True"), "{:?}", mc.status);
-    let announce = Api::<MemberClusterAnnounce>::namespaced(leader.admin.clone(), &ns_of("steady"))
-        .get("steady")
-        .await
-        .expect("steady's announce");
+    let beat = tether_e2e::fleet::heartbeat_time(&leader.admin, "steady").await;
     assert!(
-        announce
-            .spec
-            .renew_time
-            .as_ref()
-            .is_some_and(|t| t.0 > first_expiry),
-        "heartbeats after the first credential expired: {:?}",
-        announce.spec
+        beat.is_some_and(|t| t > first_expiry),
+        "heartbeats after the first credential expired: {beat:?}"
     );
     assert_eq!(
         requests_for(&leader.admin, &ids.0).await,

@@ -7,6 +7,7 @@
 //! Only the replica holding the Lease runs sessions; the others keep their cache warm.
 
 pub mod endpoint;
+pub mod heartbeat;
 pub mod loops;
 pub mod metrics;
 pub mod register;

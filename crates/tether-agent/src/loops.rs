@@ -1,6 +1,6 @@
-//! The three loops a member session runs on its own credential once registered: heartbeat
-//! (one small write per interval, jittered), ManagedCluster status (written only when the report
-//! changed, plus a full refresh), and credential renewal before expiry. A rejected credential
+//! Two of the loops a member session runs on its own credential once registered (the heartbeat
+//! is heartbeat.rs): ManagedCluster status (written only when the report changed, plus a full
+//! refresh), and credential renewal before expiry. A rejected credential
 //! ends the loop so the session registers again; refusals that may be caches settling are
 //! retried for a bounded time (`tether_join::settle`).
 
@@ -12,23 +12,21 @@ use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec, Token
 use k8s_openapi::api::core::v1::{Node, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use rand::Rng;
-use serde_json::json;
-use tether_api::conditions::Reason;
-use tether_api::{ManagedCluster, MemberClusterAnnounce};
+use tether_api::ManagedCluster;
 use tether_join::settle::Settle;
 use tokio::sync::{Notify, watch};
 use tracing::{info, warn};
 
+use crate::Error;
 use crate::endpoint::LeaderEndpoint;
 use crate::report::{Report, summarize, worth_writing};
 use crate::session::{Shared, expiry, update};
 use crate::state::{self, Stored};
 use crate::view::time;
-use crate::{Error, FIELD_MANAGER};
 
 /// A full ManagedCluster status refresh happens at least this often, changed or not.
 const FULL_REFRESH: Duration = Duration::from_secs(300);
@@ -36,8 +34,6 @@ const FULL_REFRESH: Duration = Duration::from_secs(300);
 const HEALTH_EVERY: Duration = Duration::from_secs(30);
 /// Reads of the ManagedCluster, one per `HEALTH_EVERY`, waiting for the leader's version verdict.
 const VERDICT_READS: u32 = 10;
-/// The heartbeat time in the member status is refreshed at most this often.
-const HEARTBEAT_STATUS_EVERY: Duration = Duration::from_secs(60);
 
 /// A credential error: the leader no longer accepts this identity.
 pub(crate) fn rejected(op: &'static str, e: kube::Error) -> Error {
@@ -46,98 +42,6 @@ pub(crate) fn rejected(op: &'static str, e: kube::Error) -> Error {
             Error::CredentialRejected(format!("{op}: {} {}", s.code, s.message))
         }
         _ => Error::Leader { op, source: e },
-    }
-}
-
-/// One heartbeat: renews the announce `name` with `now` (one small write) and returns the
-/// interval the leader asks for until the next one.
-pub async fn beat(
-    api: &Api<MemberClusterAnnounce>,
-    name: &str,
-    now: Timestamp,
-) -> Result<Duration, kube::Error> {
-    let pp = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..PatchParams::default()
-    };
-    let body = json!({"spec": {"renewTime": now.to_string()}});
-    let mca = api.patch(name, &pp, &Patch::Merge(body)).await?;
-    Ok(Duration::from_secs(
-        mca.spec.heartbeat_interval_seconds.unwrap_or(10).max(1) as u64,
-    ))
-}
-
-/// `interval` ±10%, so that members started together do not heartbeat in lockstep.
-pub fn jittered(interval: Duration) -> Duration {
-    let factor = rand::rng().random_range(0.9..1.1);
-    interval.mul_f64(factor)
-}
-
-pub(crate) async fn heartbeat(
-    sh: &Arc<Shared>,
-    client: watch::Receiver<Client>,
-    ns: &str,
-    name: &str,
-) -> Result<(), Error> {
-    let mut interval = Duration::from_secs(10);
-    let mut failures: u32 = 0;
-    let mut forbidden = Settle::forbidden();
-    loop {
-        let api = Api::<MemberClusterAnnounce>::namespaced(client.borrow().clone(), ns);
-        let now = Timestamp::now();
-        match beat(&api, name, now).await {
-            Ok(next) => {
-                forbidden.clear();
-                sh.ctx.metrics.heartbeat(true);
-                *sh.last_beat.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
-                failures = 0;
-                interval = next;
-                let publish_time = {
-                    let mut last = sh
-                        .last_heartbeat_published
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner());
-                    let due = last.is_none_or(|t| t.elapsed() >= HEARTBEAT_STATUS_EVERY);
-                    if due {
-                        *last = Some(Instant::now());
-                    }
-                    due
-                };
-                update(sh, |v| {
-                    v.reachable = Some((
-                        true,
-                        Reason::HeartbeatOK,
-                        format!("heartbeat every {}s", interval.as_secs()),
-                    ));
-                    if publish_time {
-                        v.membership.last_heartbeat_time = Some(time(now));
-                    }
-                })
-                .await;
-            }
-            Err(e) => {
-                let settling = forbidden.tolerate(&e);
-                let err = rejected("heartbeat", e);
-                if matches!(err, Error::CredentialRejected(_)) && !settling {
-                    return Err(err);
-                }
-                sh.ctx.metrics.heartbeat(false);
-                failures += 1;
-                warn!(
-                    error = &err as &dyn std::error::Error,
-                    failures, "Heartbeat failed; retrying"
-                );
-                update(sh, |v| {
-                    v.reachable = Some((false, Reason::LeaderUnreachable, err.to_string()))
-                })
-                .await;
-                let backoff =
-                    Duration::from_secs(1 << failures.min(6)).min(interval.max(Duration::from_secs(1)));
-                tokio::time::sleep(backoff).await;
-                continue;
-            }
-        }
-        tokio::time::sleep(jittered(interval)).await;
     }
 }
 

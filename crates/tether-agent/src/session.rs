@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::endpoint::LeaderEndpoint;
-use crate::loops::{heartbeat, renew, report};
+use crate::loops::{renew, report};
 use crate::register::{Registration, Target, register};
 use crate::state::{self, Stored};
 use crate::view::{View, time};
@@ -239,6 +239,7 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
 
     let (client_tx, client_rx) = watch::channel(leader.client(Some(&stored.credential.token))?);
     let name = spec.cluster_name.clone();
+    let link = crate::heartbeat::Link::default();
     let tunnel = async {
         match ctx.access.clone() {
             Some(access) => {
@@ -248,13 +249,13 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
                     name: name.clone(),
                     key: identity.clone(),
                 };
-                crate::tunnel::run(client_rx.clone(), access, at).await
+                crate::tunnel::run(client_rx.clone(), access, at, &link).await
             }
             None => std::future::pending().await,
         }
     };
     tokio::try_join!(
-        heartbeat(sh, client_rx.clone(), &namespace, &name),
+        crate::heartbeat::run(sh, client_rx.clone(), &link, &namespace, &name),
         report(sh, client_rx.clone(), &namespace, &name),
         renew(sh, &leader, stored.clone(), client_tx),
         follow_leader(sh, &leader, &declared.leader_url),

@@ -27,6 +27,7 @@ use tether_tunnel::proof::{self, ATTACH_PROOF, Challenge, Renewed};
 use tether_tunnel::{UPGRADE_PROTOCOL, attach_path, status};
 
 use crate::Metrics;
+use crate::heartbeat::Link;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -48,6 +49,11 @@ const BACKOFF: (Duration, Duration) = (Duration::from_millis(250), Duration::fro
 const REFUSED_BACKOFF: Duration = Duration::from_secs(300);
 /// A tunnel that lived this long resets the backoff.
 const HEALTHY: Duration = Duration::from_secs(30);
+/// Unanswered ping intervals before the agent gives a tunnel up (the set's default).
+const PING_MISSES: u32 = 2;
+/// The first redial after a healthy tunnel closed waits up to this long, at random: a fleet
+/// whose tunnels closed together (a leader replica handing over) spreads its attaches out.
+const REDIAL_SPREAD: Duration = Duration::from_secs(10);
 /// Largest challenge answer read from the leader.
 pub(crate) const MAX_CHALLENGE: usize = 16 * 1024;
 
@@ -106,11 +112,13 @@ struct Member {
 }
 
 /// Keeps a tunnel to the leader attached for member `at`, dialing with the current client of
-/// `leader`, and proves the key again over each renewed credential (never returns).
+/// `leader`, and proves the key again over each renewed credential (never returns). `link`
+/// hears whether it is attached, and says how often to ping.
 pub async fn run(
     mut leader: watch::Receiver<Client>,
     access: MemberAccess,
     at: Attach,
+    link: &Link,
 ) -> Result<(), crate::Error> {
     let mut backoff = BACKOFF.0;
     let mut limit = BACKOFF.1;
@@ -130,10 +138,14 @@ pub async fn run(
                     streams: Streams::new(MAX_STREAMS),
                 };
                 let svc = hyper::service::service_fn(move |req| forward(req, m.clone()));
+                // NB: pinged at the leader's interval, so that a tunnel the leader no longer
+                // answers on is redialled as soon as the leader would call it lost.
+                let ping = link.ping();
+                link.set_attached(true);
                 let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                     .timer(TokioTimer::new())
-                    .keep_alive_interval(Duration::from_secs(20))
-                    .keep_alive_timeout(Duration::from_secs(20))
+                    .keep_alive_interval(ping)
+                    .keep_alive_timeout(ping * PING_MISSES)
                     // NB: above MAX_STREAMS, so that the stream past the limit is answered 429
                     // rather than left waiting for a protocol slot at the leader.
                     .max_concurrent_streams(2 * MAX_STREAMS as u32)
@@ -154,6 +166,7 @@ pub async fn run(
                         }
                     }
                 };
+                link.set_attached(false);
                 match served {
                     Ok(()) => info!("Tunnel to the leader closed; redialling"),
                     Err(e) => warn!(error = %e, "Tunnel to the leader failed; redialling"),
@@ -170,13 +183,23 @@ pub async fn run(
                 limit = REFUSED_BACKOFF;
             }
         }
-        if started.elapsed() >= HEALTHY {
+        let wait = if started.elapsed() >= HEALTHY {
             backoff = BACKOFF.0;
-        }
-        let wait = backoff.mul_f64(rand::rng().random_range(0.5..1.0));
+            REDIAL_SPREAD.mul_f64(rand::rng().random_range(0.0..1.0))
+        } else {
+            backoff.mul_f64(rand::rng().random_range(0.5..1.0))
+        };
         tokio::time::sleep(wait).await;
         backoff = (backoff * 2).min(limit);
     }
+}
+
+/// Attaches member `at`'s tunnel once and hands back the upgraded connection without serving
+/// anything on it: a tunnel that answers nothing, not even pings (the benchmark's frozen agent).
+pub async fn attach_unserved(client: &Client, at: &Attach) -> Result<hyper::upgrade::Upgraded, String> {
+    dial(client, at).await.map_err(|d| match d {
+        Dial::Unreachable(why) | Dial::Refused(why) => why,
+    })
 }
 
 /// Why a dial failed.

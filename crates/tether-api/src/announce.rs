@@ -1,5 +1,6 @@
-//! MemberClusterAnnounce: the member's heartbeat, one small write per interval, in its dedicated
-//! namespace on the leader. The leader tracks renewals from a watch, in memory.
+//! MemberClusterAnnounce: a member's presence in its dedicated namespace on the leader (its agent
+//! deletes it to leave). The heartbeat is the member's Lease beside it; agents from before
+//! heartbeat Leases renew the announce's `renewTime` instead, and the leader accepts either.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::{CustomResource, KubeSchema};
@@ -17,7 +18,7 @@ use crate::validation::{DNS1123_SUBDOMAIN, IMMUTABLE_RULE, MAX_CLUSTER_ID};
     shortname = "mca",
     category = "tether",
     derive = "PartialEq",
-    doc = "A member cluster's heartbeat, renewed every heartbeatInterval.",
+    doc = "A member cluster's presence on its leader: deleting it leaves the set. Its heartbeat is the Lease of the same name (agents before v0.2 renew this object instead).",
     printcolumn(name = "Cluster ID", type_ = "string", json_path = ".spec.clusterID"),
     printcolumn(name = "Renewed", type_ = "date", json_path = ".spec.renewTime"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")

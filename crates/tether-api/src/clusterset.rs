@@ -74,6 +74,8 @@ pub enum ClusterSetRole {
     .message("gracePeriod must be longer than heartbeatInterval (the default is 4 intervals)"))]
 #[x_kube(validation = Rule::new("duration(self.memberExpiry) >= duration(self.gracePeriod)")
     .message("memberExpiry must not be shorter than gracePeriod"))]
+#[x_kube(validation = Rule::new("duration(self.tunnelHeartbeatInterval) >= duration(self.heartbeatInterval)")
+    .message("tunnelHeartbeatInterval must not be shorter than heartbeatInterval"))]
 #[serde(rename_all = "camelCase")]
 pub struct LeaderSpec {
     /// How registration requests are approved.
@@ -85,6 +87,28 @@ pub struct LeaderSpec {
     #[x_kube(validation = Rule::new("duration(self) >= duration('1s') && duration(self) <= duration('10m')")
         .message("heartbeatInterval must be between 1s and 10m"))]
     pub heartbeat_interval: Duration,
+    /// How often members whose tunnel is attached renew their heartbeat Lease (Go duration,
+    /// 1m–1h): the tunnel tells the leader they are alive, and the Lease is the backstop. A
+    /// member with an attached tunnel is Unknown if it did not renew for as many of these
+    /// intervals as `gracePeriod` holds heartbeat intervals.
+    #[serde(default = "default_tunnel_heartbeat_interval")]
+    #[schemars(regex(pattern = DURATION), length(max = 32))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1m') && duration(self) <= duration('1h')")
+        .message("tunnelHeartbeatInterval must be between 1m and 1h"))]
+    pub tunnel_heartbeat_interval: Duration,
+    /// How often the serving leader replica pings each member's tunnel (HTTP/2 PING; Go
+    /// duration, 1s–1m).
+    #[serde(default = "default_tunnel_ping_interval")]
+    #[schemars(regex(pattern = DURATION), length(max = 32))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1s') && duration(self) <= duration('1m')")
+        .message("tunnelPingInterval must be between 1s and 1m"))]
+    pub tunnel_ping_interval: Duration,
+    /// How many ping intervals a tunnel may stay silent before it counts as lost (1–10). A
+    /// member whose tunnel is lost or closed and not attached again within
+    /// `tunnelPingInterval × (tunnelPingMisses + 1)` is marked Ready=Unknown (`TunnelLost`).
+    #[serde(default = "default_tunnel_ping_misses")]
+    #[schemars(range(min = 1, max = 10))]
+    pub tunnel_ping_misses: i32,
     /// A member without a renewal for this long is marked Ready=Unknown (Go duration).
     #[serde(default = "default_grace_period")]
     #[schemars(regex(pattern = DURATION), length(max = 32))]
@@ -115,6 +139,9 @@ impl Default for LeaderSpec {
             heartbeat_interval: default_heartbeat_interval(),
             grace_period: default_grace_period(),
             member_expiry: default_member_expiry(),
+            tunnel_heartbeat_interval: default_tunnel_heartbeat_interval(),
+            tunnel_ping_interval: default_tunnel_ping_interval(),
+            tunnel_ping_misses: default_tunnel_ping_misses(),
             credential_ttl: default_credential_ttl(),
             banned_cluster_ids: Vec::new(),
         }
@@ -123,6 +150,15 @@ impl Default for LeaderSpec {
 
 fn default_heartbeat_interval() -> Duration {
     std::time::Duration::from_secs(10).into()
+}
+fn default_tunnel_heartbeat_interval() -> Duration {
+    std::time::Duration::from_secs(300).into()
+}
+fn default_tunnel_ping_interval() -> Duration {
+    std::time::Duration::from_secs(5).into()
+}
+fn default_tunnel_ping_misses() -> i32 {
+    2
 }
 fn default_grace_period() -> Duration {
     std::time::Duration::from_secs(40).into()
@@ -148,6 +184,34 @@ impl LeaderSpec {
     /// How long a silent member stays before it is removed.
     pub fn expiry(&self) -> std::time::Duration {
         positive(&self.member_expiry)
+    }
+
+    /// How often a member with an attached tunnel renews its heartbeat Lease.
+    pub fn tunnel_heartbeat(&self) -> std::time::Duration {
+        positive(&self.tunnel_heartbeat_interval)
+    }
+
+    /// How long a member with an attached tunnel may go without a Lease renewal: as many
+    /// tunnel heartbeat intervals as the grace period holds heartbeat intervals.
+    pub fn tunnel_grace(&self) -> std::time::Duration {
+        let per = self.grace().as_secs_f64() / self.heartbeat().as_secs_f64().max(1.0);
+        self.tunnel_heartbeat().mul_f64(per.max(1.0))
+    }
+
+    /// How often the leader pings each tunnel.
+    pub fn ping(&self) -> std::time::Duration {
+        positive(&self.tunnel_ping_interval).max(std::time::Duration::from_secs(1))
+    }
+
+    /// How long a ping may go unanswered before the tunnel counts as lost.
+    pub fn ping_timeout(&self) -> std::time::Duration {
+        self.ping() * self.tunnel_ping_misses.clamp(1, 10) as u32
+    }
+
+    /// How long after its tunnel closed a member that has not attached again, nor renewed its
+    /// Lease since, is marked Unknown: the time a silent tunnel takes to be found lost.
+    pub fn tunnel_detection(&self) -> std::time::Duration {
+        self.ping() + self.ping_timeout()
     }
 
     /// The lifetime of a member credential.

@@ -107,6 +107,11 @@ api_words! {
         AwaitingHeartbeat,
         /// ManagedCluster Ready=True: heartbeats arrive.
         HeartbeatReceived,
+        /// ManagedCluster Ready=True: the agent's tunnel is attached and answers pings.
+        TunnelAlive,
+        /// ManagedCluster Ready=Unknown: the agent's tunnel closed or stopped answering pings,
+        /// and the agent neither attached again nor renewed its heartbeat Lease since.
+        TunnelLost,
         /// Leader ClusterSet Ready=True.
         Serving,
         /// Leader ClusterSet DeletionBlocked=True: members remain.

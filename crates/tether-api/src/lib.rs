@@ -132,6 +132,15 @@ pub mod annotations {
     /// On a Leader ClusterSet: `"true"` lets its deletion remove every remaining member
     /// (`tether destroy --force`).
     pub const FORCE_DELETE: &str = "multicluster.tether.dev/force-delete";
+    /// On a member's heartbeat Lease: seconds between renewals while the agent has no tunnel
+    /// attached (the set's `heartbeatInterval`).
+    pub const HEARTBEAT_INTERVAL: &str = "multicluster.tether.dev/heartbeat-interval-seconds";
+    /// On a member's heartbeat Lease: seconds between renewals while the agent's tunnel is
+    /// attached (the set's `tunnelHeartbeatInterval`).
+    pub const TUNNEL_HEARTBEAT_INTERVAL: &str = "multicluster.tether.dev/tunnel-heartbeat-interval-seconds";
+    /// On a member's heartbeat Lease: seconds between the leader's pings of the tunnel (the
+    /// set's `tunnelPingInterval`); the agent pings at the same interval.
+    pub const TUNNEL_PING_INTERVAL: &str = "multicluster.tether.dev/tunnel-ping-interval-seconds";
 }
 
 /// The finalizer the leader puts on Leader ClusterSets, to remove members and tokens first.

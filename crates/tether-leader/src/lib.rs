@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -69,8 +70,13 @@ pub struct Context {
     pub sets: Store<ClusterSet>,
     /// Every ManagedCluster the leader created.
     pub clusters: Store<ManagedCluster>,
-    /// Every member's heartbeat slot.
+    /// Every member's announce (its presence: a deleted announce is a member that left).
     pub announces: Store<MemberClusterAnnounce>,
+    /// Every member's heartbeat Lease.
+    pub leases: Store<Lease>,
+    /// Asks the member controller to look at a member again (its tunnel changed): a
+    /// ManagedCluster with only its name and namespace set.
+    pub nudge: futures::channel::mpsc::UnboundedSender<ManagedCluster>,
     /// Every registration request.
     pub requests: Store<ClusterRegistrationRequest>,
     /// When each member last renewed, as this replica saw it.
@@ -123,6 +129,7 @@ impl Context {
             self.sets.wait_until_ready(),
             self.clusters.wait_until_ready(),
             self.announces.wait_until_ready(),
+            self.leases.wait_until_ready(),
             self.requests.wait_until_ready()
         );
     }

@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -17,7 +19,7 @@ use tether_api::{ManagedCluster, ManagedClusterStatus, MemberClusterAnnounce};
 use tracing::{info, warn};
 
 use crate::cleanup::{Removal, remove_member};
-use crate::health::{Verdict, judge};
+use crate::health::{Signals, Timings, Tunnel, Verdict, judge};
 use crate::status::condition;
 use crate::write::{apply_status, event, key};
 use crate::{Context, Error};
@@ -66,17 +68,19 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
         return Ok(Action::await_change());
     };
 
-    // NB: heartbeats may have gone unseen while the announce watch failed; judge nobody until
+    // NB: heartbeats may have gone unseen while a heartbeat watch failed; judge nobody until
     // it works again (at most `health::QUIET` after its last error).
-    if ctx.health.is_blind(Instant::now()) {
+    let now = Instant::now();
+    if ctx.health.is_blind(now) {
         return Ok(Action::requeue(BLIND_RECHECK));
     }
-    let obs = ctx.health.observe(
-        &key(mc.as_ref()),
+    let key = key(mc.as_ref());
+    let lease = ctx.leases.get(&ObjectRef::<Lease>::new(&name).within(&namespace));
+    let renewed = latest(
         announce.spec.renew_time.as_ref(),
-        Instant::now(),
-        Timestamp::now(),
+        lease.as_ref().and_then(|l| l.spec.as_ref()?.renew_time.as_ref()),
     );
+    let obs = ctx.health.observe(&key, renewed, now, Timestamp::now());
     if let Some(interval) = obs.interval {
         ctx.metrics.heartbeat(interval);
     }
@@ -84,23 +88,54 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
         .as_ref()
         .and_then(|s| s.spec.leader.clone())
         .unwrap_or_default();
-    let (grace, expiry) = (policy.grace(), policy.expiry());
-    let verdict = judge(obs, grace, expiry);
-    let (status, reason) = verdict.condition();
-    let recheck = match verdict {
-        Verdict::Expired => {
-            remove_member(&ctx, set.as_deref(), &mc, Removal::Expired).await?;
-            return Ok(Action::await_change());
-        }
-        Verdict::Ready { recheck } | Verdict::Unknown { recheck, .. } => recheck,
-    };
-
+    ctx.health.start_term(now);
+    let (tunnel, settle) = ctx.health.tunnel(&key, now);
     let previous = mc
         .status
         .as_ref()
         .map(|s| s.conditions.as_slice())
         .unwrap_or_default();
+    let tunnel_now = tether_api::conditions::find(previous, ConditionType::TunnelConnected);
+    // NB: a new term's grace is for members whose tunnel was attached (to the replica before):
+    // they are re-attaching. One without a tunnel is judged by its heartbeat at once.
+    let had_tunnel = tunnel_now.is_some_and(|c| c.status == Status::True.as_str());
+    let signals = Signals {
+        heartbeat: obs,
+        tunnel,
+        settling: settle
+            .filter(|_| had_tunnel || tunnel != Tunnel::Unseen)
+            .map(|until| until.saturating_duration_since(now)),
+    };
+    let timings = Timings::of(&policy);
+    let verdict = judge(signals, timings);
+    let recheck = match verdict {
+        Verdict::Expired => {
+            remove_member(&ctx, set.as_deref(), &mc, Removal::Expired).await?;
+            return Ok(Action::await_change());
+        }
+        Verdict::Ready { recheck, .. } | Verdict::Unknown { recheck, .. } | Verdict::Hold { recheck } => {
+            recheck
+        }
+    };
+    if let Some(s) = set.as_deref()
+        && ctx.is_leader()
+    {
+        ensure_lease(&ctx, s, &mc, lease.as_deref(), &policy).await?;
+    }
+
     let current = tether_api::conditions::find(previous, ConditionType::Ready);
+    // NB: a verdict on hold keeps what the member's condition says (or, for a member never
+    // judged, waits for its first heartbeat).
+    let (status, reason) = verdict.condition().unwrap_or_else(|| {
+        current
+            .and_then(|c| {
+                let status = [Status::True, Status::False, Status::Unknown]
+                    .into_iter()
+                    .find(|s| c.status == s.as_str())?;
+                Some((status, c.reason.parse().ok()?))
+            })
+            .unwrap_or((Status::Unknown, Reason::AwaitingHeartbeat))
+    });
     let ready_changed =
         current.map(|c| (c.status.as_str(), c.reason.as_str())) != Some((status.as_str(), reason.as_str()));
     let agent_version = mc.status.as_ref().and_then(|s| s.agent_version.as_deref());
@@ -109,19 +144,34 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
     let skew_now = tether_api::conditions::find(previous, ConditionType::AgentVersionSupported);
     let skew_changed = skew_now.map(|c| (c.status.as_str(), c.reason.as_str(), c.message.as_str()))
         != Some((skew_status.as_str(), skew_reason.as_str(), skew_message.as_str()));
-    let message = match reason {
-        Reason::AwaitingHeartbeat => "approved; waiting for the agent's first heartbeat".to_string(),
-        Reason::HeartbeatExpired => format!(
+    let tunnel_want = tunnel_condition(tunnel, &verdict, tunnel_now);
+    let tunnel_changed = tunnel_want.as_ref().is_some_and(|(s, r, _)| {
+        tunnel_now.map(|c| (c.status.as_str(), c.reason.as_str())) != Some((s.as_str(), r.as_str()))
+    });
+    let message = match (reason, current) {
+        (Reason::AwaitingHeartbeat, _) => "approved; waiting for the agent's first heartbeat".to_string(),
+        (Reason::HeartbeatExpired, _) => format!(
             "no heartbeat for more than {}: check that the agent runs and reaches the leader",
-            policy.grace_period
+            if matches!(tunnel, Tunnel::Attached) {
+                humantime(timings.tunnel_grace)
+            } else {
+                policy.grace_period.to_string()
+            }
         ),
+        (Reason::TunnelLost, _) => format!(
+            "the agent's tunnel closed or stopped answering pings, and within {} the agent neither \
+             attached it again nor renewed its heartbeat: check that the agent runs and reaches the leader",
+            humantime(timings.detection)
+        ),
+        (Reason::TunnelAlive, _) => "the agent's tunnel is attached and answers pings".to_string(),
+        (_, Some(c)) if !ready_changed => c.message.clone(),
         _ => "heartbeats arrive".to_string(),
     };
-    if ready_changed || skew_changed {
-        // NB: both conditions go in every apply: the leader's field manager owns both, and an
-        // apply without one would remove it.
+    if ready_changed || skew_changed || tunnel_changed {
+        // NB: every condition the leader owns goes in every apply: the leader's field manager
+        // owns them, and an apply without one would remove it.
         let now = Timestamp::now();
-        let conditions = vec![
+        let mut conditions = vec![
             condition(
                 previous,
                 ConditionType::Ready,
@@ -139,13 +189,21 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
                 now,
             ),
         ];
+        match (&tunnel_want, tunnel_now) {
+            (Some((s, r, m)), _) => conditions.push(condition(
+                previous,
+                ConditionType::TunnelConnected,
+                *s,
+                *r,
+                m.clone(),
+                now,
+            )),
+            (None, Some(c)) => conditions.push(c.clone()),
+            (None, None) => {}
+        }
         // NB: the last heartbeat rides along with every Ready change (and the agent's periodic
         // report), so LAST HEARTBEAT is true at each transition without a write per heartbeat.
-        let last_heartbeat_time = announce
-            .spec
-            .renew_time
-            .as_ref()
-            .map(|t| k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t.0));
+        let last_heartbeat_time = renewed.map(|t| k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t.0));
         let patch = ManagedClusterStatus {
             conditions,
             last_heartbeat_time,
@@ -169,31 +227,39 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
         .await;
     }
     if ready_changed {
-        let was_lost = current.is_some_and(|c| c.reason == Reason::HeartbeatExpired);
-        if reason == Reason::HeartbeatExpired {
+        let lost = |r: &str| r == Reason::HeartbeatExpired.as_str() || r == Reason::TunnelLost.as_str();
+        let was_lost = current.is_some_and(|c| lost(&c.reason));
+        let was_ready = current.is_some_and(|c| c.status == Status::True.as_str());
+        if lost(reason.as_str()) && !was_lost {
             warn!(cluster = %name, cluster_id = %mc.spec.cluster_id, set = %mc.spec.cluster_set,
-                  age_seconds = obs.age.as_secs(), "Member lost: heartbeat expired");
+                  reason = reason.as_str(), heartbeat_age_seconds = obs.age.as_secs(), "Member lost");
+            let action = if reason == Reason::TunnelLost {
+                "Tunnel"
+            } else {
+                "Heartbeat"
+            };
             event(
                 &ctx,
                 mc.as_ref(),
                 EventType::Warning,
                 EventReason::MemberLost,
-                "Heartbeat",
+                action,
                 &message,
             )
             .await;
         } else if status == Status::True && was_lost {
-            info!(cluster = %name, cluster_id = %mc.spec.cluster_id, set = %mc.spec.cluster_set, "Member recovered");
+            info!(cluster = %name, cluster_id = %mc.spec.cluster_id, set = %mc.spec.cluster_set,
+                  reason = reason.as_str(), "Member recovered");
             event(
                 &ctx,
                 mc.as_ref(),
                 EventType::Normal,
                 EventReason::MemberRecovered,
                 "Heartbeat",
-                "heartbeats resumed",
+                &message,
             )
             .await;
-        } else if status == Status::True {
+        } else if status == Status::True && !was_ready {
             info!(cluster = %name, cluster_id = %mc.spec.cluster_id, set = %mc.spec.cluster_set, "Member ready");
             event(
                 &ctx,
@@ -209,7 +275,90 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
     Ok(Action::requeue(recheck))
 }
 
-/// The ManagedCluster an announce belongs to (same namespace and name).
-pub fn announce_owner(announce: MemberClusterAnnounce) -> Option<ObjectRef<ManagedCluster>> {
-    Some(ObjectRef::new(&announce.name_any()).within(&announce.namespace()?))
+/// The later of two renewal times (an agent renews one of them: its Lease, or an agent from
+/// before Leases its announce).
+fn latest<'a>(a: Option<&'a MicroTime>, b: Option<&'a MicroTime>) -> Option<&'a MicroTime> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if b.0 > a.0 { b } else { a }),
+        (a, b) => a.or(b),
+    }
+}
+
+/// What the TunnelConnected condition should say, if the leader knows better than what it says
+/// now: attached; closed for good (the verdict is no longer on hold); or, past the new term's
+/// grace, no tunnel at this replica although the condition still says connected.
+fn tunnel_condition(
+    tunnel: Tunnel,
+    verdict: &Verdict,
+    now: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+) -> Option<(Status, Reason, String)> {
+    let says_connected = now.is_some_and(|c| c.status == Status::True.as_str());
+    match (tunnel, verdict) {
+        (Tunnel::Attached, _) => Some((
+            Status::True,
+            Reason::TunnelAttached,
+            "the agent's tunnel is attached to the active leader".to_string(),
+        )),
+        (_, Verdict::Hold { .. }) => None,
+        (Tunnel::Closed { .. }, _) => Some((
+            Status::False,
+            Reason::TunnelClosed,
+            "the agent's tunnel closed; it reconnects by itself".to_string(),
+        )),
+        (Tunnel::Unseen, _) if says_connected => Some((
+            Status::False,
+            Reason::NoTunnel,
+            "no tunnel reached the active leader".to_string(),
+        )),
+        (Tunnel::Unseen, _) => None,
+    }
+}
+
+/// `d` as a Go duration would print it (`15s`, `20m0s`).
+fn humantime(d: Duration) -> String {
+    kube::core::Duration::from(d).to_string()
+}
+
+/// Makes sure member `mc` has its heartbeat Lease, telling its agent the set's intervals: a
+/// member approved before Leases gets one (its agent renews the announce until then), and a
+/// change of the set's intervals reaches every Lease. Writes nothing when it is as it should be.
+async fn ensure_lease(
+    ctx: &Context,
+    set: &tether_api::ClusterSet,
+    mc: &ManagedCluster,
+    existing: Option<&Lease>,
+    policy: &tether_api::clusterset::LeaderSpec,
+) -> Result<(), Error> {
+    let set_ref = tether_api::SetRef::of(set);
+    let namespace = mc.namespace().unwrap_or_default();
+    let want =
+        crate::provision::heartbeat_lease(&set_ref, &namespace, &mc.name_any(), &mc.spec.cluster_id, policy);
+    let current = existing.map(|l| {
+        let a = l.annotations();
+        (
+            l.spec.as_ref().and_then(|s| s.lease_duration_seconds),
+            crate::provision::LEASE_ANNOTATIONS.map(|k| a.get(k).cloned()),
+        )
+    });
+    let wanted = {
+        let a = want.annotations();
+        (
+            want.spec.as_ref().and_then(|s| s.lease_duration_seconds),
+            crate::provision::LEASE_ANNOTATIONS.map(|k| a.get(k).cloned()),
+        )
+    };
+    if current.as_ref() == Some(&wanted) {
+        return Ok(());
+    }
+    crate::write::apply(
+        ctx,
+        &Api::<Lease>::namespaced(ctx.client.clone(), &namespace),
+        &want,
+    )
+    .await
+}
+
+/// The ManagedCluster an announce or heartbeat Lease belongs to (same namespace and name).
+pub fn owner<K: Resource>(obj: K) -> Option<ObjectRef<ManagedCluster>> {
+    Some(ObjectRef::new(&obj.name_any()).within(&obj.namespace()?))
 }

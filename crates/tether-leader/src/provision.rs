@@ -1,13 +1,16 @@
 //! The objects an approved member gets on the leader, built as pure values: its namespace, its
-//! ServiceAccount, a Role confining it to its own ManagedCluster status, its announce and its
-//! own token renewal, the ManagedCluster and the MemberClusterAnnounce slot.
+//! ServiceAccount, a Role confining it to its own ManagedCluster status, its announce, its
+//! heartbeat Lease and its own token renewal, the ManagedCluster, the MemberClusterAnnounce slot
+//! and the heartbeat Lease.
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::ResourceExt;
 use kube::api::ObjectMeta;
+use tether_api::clusterset::LeaderSpec;
 use tether_api::{
     ClusterRegistrationRequest, ManagedCluster, ManagedClusterSpec, MemberClusterAnnounce,
     MemberClusterAnnounceSpec, SetRef, annotations, labels,
@@ -30,8 +33,51 @@ pub struct MemberObjects {
     pub role_binding: RoleBinding,
     /// The leader's record of the member.
     pub managed_cluster: ManagedCluster,
-    /// The heartbeat slot the agent renews.
+    /// The member's record of who it is (and, for agents from before Leases, its heartbeat).
     pub announce: MemberClusterAnnounce,
+    /// The heartbeat the agent renews.
+    pub lease: Lease,
+}
+
+/// The annotations of a heartbeat Lease that tell the agent the set's intervals.
+pub const LEASE_ANNOTATIONS: [&str; 3] = [
+    annotations::HEARTBEAT_INTERVAL,
+    annotations::TUNNEL_HEARTBEAT_INTERVAL,
+    annotations::TUNNEL_PING_INTERVAL,
+];
+
+/// Member `name`'s heartbeat Lease (named as the member, in its namespace): held by its cluster
+/// ID, valid for the set's grace period, and annotated with the intervals the agent renews it
+/// and pings its tunnel at. The agent may only renew it (`update`/`patch` by name).
+pub fn heartbeat_lease(set: &SetRef, namespace: &str, name: &str, id: &str, policy: &LeaderSpec) -> Lease {
+    let seconds = |d: std::time::Duration| d.as_secs().max(1).to_string();
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels: Some(member_labels(set, name, id)),
+            annotations: Some(BTreeMap::from([
+                (
+                    annotations::HEARTBEAT_INTERVAL.to_string(),
+                    seconds(policy.heartbeat()),
+                ),
+                (
+                    annotations::TUNNEL_HEARTBEAT_INTERVAL.to_string(),
+                    seconds(policy.tunnel_heartbeat()),
+                ),
+                (
+                    annotations::TUNNEL_PING_INTERVAL.to_string(),
+                    seconds(policy.ping()),
+                ),
+            ])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(id.to_string()),
+            lease_duration_seconds: Some(policy.grace().as_secs().clamp(1, i32::MAX as u64) as i32),
+            ..LeaseSpec::default()
+        }),
+    }
 }
 
 /// Labels identifying a member's objects: its set (namespace and name), its name and ID.
@@ -49,7 +95,7 @@ pub fn member_labels(set: &SetRef, name: &str, id: &str) -> BTreeMap<String, Str
 }
 
 /// What member `name`'s agent may do on the leader: read the member records, write only its own
-/// status and announce, renew its own token and attach its own tunnel.
+/// status, announce and heartbeat Lease, renew its own token and attach its own tunnel.
 pub fn agent_rules(name: &str) -> Vec<PolicyRule> {
     let rule = |resources: &[&str], verbs: &[&str], names: Option<&str>, group: &str| PolicyRule {
         api_groups: Some(vec![group.to_string()]),
@@ -78,6 +124,14 @@ pub fn agent_rules(name: &str) -> Vec<PolicyRule> {
             &["patch", "update", "delete"],
             Some(name),
             group,
+        ),
+        // NB: update and patch only: the leader creates the Lease, so the agent needs no
+        // `create` (which RBAC cannot confine to one name).
+        rule(
+            &["leases"],
+            &["get", "patch", "update"],
+            Some(name),
+            "coordination.k8s.io",
         ),
         rule(
             &["serviceaccounts/token"],
@@ -155,7 +209,7 @@ pub fn member_objects(
     req: &ClusterRegistrationRequest,
     set: &SetRef,
     namespace: &str,
-    heartbeat_seconds: i32,
+    policy: &LeaderSpec,
 ) -> MemberObjects {
     let name = req.spec.cluster_name.as_str();
     let id = req.spec.cluster_id.as_str();
@@ -201,10 +255,11 @@ pub fn member_objects(
         MemberClusterAnnounceSpec {
             cluster_id: id.into(),
             renew_time: None,
-            heartbeat_interval_seconds: Some(heartbeat_seconds),
+            heartbeat_interval_seconds: Some(policy.heartbeat().as_secs().clamp(1, 600) as i32),
         },
     );
     announce.metadata = meta(name);
+    let lease = heartbeat_lease(set, namespace, name, id, policy);
     MemberObjects {
         namespace: Namespace {
             metadata: ObjectMeta {
@@ -222,6 +277,7 @@ pub fn member_objects(
         role_binding,
         managed_cluster,
         announce,
+        lease,
     }
 }
 
@@ -267,7 +323,7 @@ mod tests {
             },
         );
         let set = SetRef::new("tether-dev", "dev");
-        let objs = member_objects(&req, &set, "tether-dev-east", 10);
+        let objs = member_objects(&req, &set, "tether-dev-east", &LeaderSpec::default());
         let mut expected = member_labels(&set, "east", "id-1");
         expected.insert("region".into(), "eu".into());
         assert_eq!(objs.managed_cluster.labels(), &expected);
@@ -286,7 +342,7 @@ mod tests {
             },
         );
         let set = SetRef::new("tether-system", "prod");
-        let objs = member_objects(&req, &set, "tether-prod-east", 10);
+        let objs = member_objects(&req, &set, "tether-prod-east", &LeaderSpec::default());
         let rules = objs.role.rules.unwrap();
         for r in &rules {
             let writes = r
@@ -318,6 +374,44 @@ mod tests {
             Some("prod")
         );
         assert_eq!(objs.announce.spec.heartbeat_interval_seconds, Some(10));
+        let leases: Vec<_> = rules
+            .iter()
+            .filter(|r| r.resources.as_deref() == Some(&["leases".to_string()]))
+            .collect();
+        assert_eq!(leases.len(), 1, "one Lease rule");
+        assert_eq!(
+            leases[0].resource_names.as_deref(),
+            Some(&["east".to_string()][..])
+        );
+        assert!(
+            !leases[0]
+                .verbs
+                .iter()
+                .any(|v| v == "create" || v == "delete" || v == "list"),
+            "the agent only renews its Lease: {:?}",
+            leases[0].verbs
+        );
+        // The Lease tells the agent the set's intervals, and is the member's alone.
+        let lease = &objs.lease;
+        assert_eq!(lease.metadata.name.as_deref(), Some("east"));
+        assert_eq!(lease.metadata.namespace.as_deref(), Some("tether-prod-east"));
+        let a = lease.annotations();
+        assert_eq!(
+            a.get(annotations::HEARTBEAT_INTERVAL).map(String::as_str),
+            Some("10")
+        );
+        assert_eq!(
+            a.get(annotations::TUNNEL_HEARTBEAT_INTERVAL).map(String::as_str),
+            Some("300")
+        );
+        assert_eq!(
+            a.get(annotations::TUNNEL_PING_INTERVAL).map(String::as_str),
+            Some("5")
+        );
+        let spec = lease.spec.as_ref().unwrap();
+        assert_eq!(spec.holder_identity.as_deref(), Some("id-1"));
+        assert_eq!(spec.lease_duration_seconds, Some(40));
+        assert!(spec.renew_time.is_none(), "the agent renews it");
         assert!(objs.namespace.metadata.namespace.is_none());
         assert!(is_members_namespace(&objs.namespace, &set, "east"));
         assert!(!is_members_namespace(

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -238,12 +239,12 @@ async fn approve(
         _ => {}
     }
     let policy = set.spec.leader.clone().unwrap_or_default();
-    let (heartbeat, ttl) = (policy.heartbeat(), policy.credential_lifetime());
-    let objs = member_objects(req, &set_ref, &namespace, heartbeat.as_secs().max(1) as i32);
+    let ttl = policy.credential_lifetime();
+    let objs = member_objects(req, &set_ref, &namespace, &policy);
 
     let client = ctx.client.clone();
-    // Three round trips instead of eight: the namespace; the ServiceAccount, Role and announce;
-    // then what needs them (RoleBinding, ManagedCluster, token).
+    // Three round trips instead of nine: the namespace; the ServiceAccount, Role, announce and
+    // Lease; then what needs them (RoleBinding, ManagedCluster, token).
     apply(ctx, &namespaces, &objs.namespace).await?;
     let (sa_api, role_api, binding_api, announce_api, clusters_api) = (
         Api::<ServiceAccount>::namespaced(client.clone(), &namespace),
@@ -253,14 +254,17 @@ async fn approve(
         Api::<ManagedCluster>::namespaced(client, &namespace),
     );
     // NB: the announce before the ManagedCluster: a member without one counts as having left.
-    let (sa, role, announce) = futures::join!(
+    let lease_api = Api::<Lease>::namespaced(ctx.client.clone(), &namespace);
+    let (sa, role, announce, lease) = futures::join!(
         apply(ctx, &sa_api, &objs.service_account),
         apply(ctx, &role_api, &objs.role),
         apply(ctx, &announce_api, &objs.announce),
+        apply(ctx, &lease_api, &objs.lease),
     );
     sa?;
     role?;
     announce?;
+    lease?;
     ctx.ensure_leader()?;
     // NB: the RoleBinding after the Role: the API server resolves the Role to check escalation.
     let (binding, cluster, credential) = futures::join!(

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
@@ -56,21 +57,29 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
     let health = Arc::new(health::Tracker::default());
     let sight: streams::Sight = {
         let health = health.clone();
-        Box::new(move |working| {
-            if working {
-                health.saw_event(Instant::now());
-            } else {
-                health.lost_sight(Instant::now());
-            }
-        })
+        Box::new(move |working| sight_of(&health, working))
+    };
+    let announce_sight: streams::Sight = {
+        let health = health.clone();
+        Box::new(move |working| sight_of(&health, working))
     };
     let mut announces = streams::watch(
         Api::<MemberClusterAnnounce>::all(client.clone()),
+        members_only.clone(),
+        slim,
+        1,
+        Some(announce_sight),
+    );
+    // Heartbeat Leases: the member controller's trigger (a renewal).
+    let mut leases = streams::watch(
+        Api::<Lease>::all(client.clone()),
         members_only,
         slim,
         1,
         Some(sight),
     );
+    // Tunnel changes at the serving replica: the member controller's trigger too.
+    let (nudge, nudged) = futures::channel::mpsc::unbounded();
 
     let reporter = Reporter {
         controller: "tether-leader".into(),
@@ -84,6 +93,8 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         sets: sets.store.clone(),
         clusters: clusters.store.clone(),
         announces: announces.store.clone(),
+        leases: leases.store.clone(),
+        nudge,
         requests: requests.store.clone(),
         health,
         recorder: Recorder::new(client.clone(), reporter),
@@ -126,7 +137,11 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
 
     let members = Controller::for_stream(take(&mut clusters.streams), clusters.store.clone())
         .with_config(cfg.clone())
-        .watches_stream(take(&mut announces.streams), members::announce_owner)
+        .watches_stream(take(&mut announces.streams), members::owner)
+        .watches_stream(take(&mut leases.streams), members::owner)
+        .watches_stream(nudged.map(Ok), |mc: ManagedCluster| {
+            Some(ObjectRef::from_obj(&mc))
+        })
         .reconcile_all_on(on_gaining(opts.leader.clone()))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(members::reconcile, error_policy, ctx.clone())
@@ -163,6 +178,7 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         opts.leader.clone(),
     ));
     let roles = tokio::spawn(crate::roles::on_each_term(ctx.clone(), opts.leader.clone()));
+    let terms = tokio::spawn(end_terms(ctx.clone(), opts.leader.clone()));
     let proxy = opts.proxy.clone().map(|p| {
         let ctx = ctx.clone();
         let shutdown = shutdown.clone();
@@ -183,13 +199,40 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
     futures::join!(registration, members, sets_ctl, ready);
     publish.abort();
     roles.abort();
+    terms.abort();
     if let Some(p) = proxy {
         let _ = p.await;
     }
-    for driver in [requests.driver, sets.driver, clusters.driver, announces.driver] {
+    for driver in [
+        requests.driver,
+        sets.driver,
+        clusters.driver,
+        announces.driver,
+        leases.driver,
+    ] {
         driver.abort();
     }
     info!("Leader controllers stopped");
+}
+
+/// Tells the health tracker that a heartbeat watch works (`true`) or failed.
+fn sight_of(health: &health::Tracker, working: bool) {
+    if working {
+        health.saw_event(Instant::now());
+    } else {
+        health.lost_sight(Instant::now());
+    }
+}
+
+/// Ends the health tracker's term each time this replica loses leadership: what it saw of
+/// tunnels no longer counts, and the next term starts with its grace (`health::TERM_GRACE`).
+async fn end_terms(ctx: Arc<Context>, mut leader: watch::Receiver<bool>) {
+    loop {
+        if leader.wait_for(|l| *l).await.is_err() || leader.wait_for(|l| !*l).await.is_err() {
+            return;
+        }
+        ctx.health.end_term();
+    }
 }
 
 /// Publishes the discovery ConfigMap once this replica leads a set, retrying until it works.

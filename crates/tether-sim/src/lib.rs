@@ -2,8 +2,8 @@
 //!
 //! Each simulated member does what `tether-agent` does, with the agent's own library code:
 //! pin-checked discovery (`discovery`), registration with the join token (`register::register`),
-//! one heartbeat per interval (`loops::beat`, the interval the leader asks for, jittered as
-//! the agent jitters it), a ManagedCluster status built by `report::summarize` and written by
+//! one heartbeat Lease renewal per interval (`heartbeat::renew`, the intervals the leader asks
+//! for: the long one while the member's tunnel is attached, jittered as the agent jitters them), a ManagedCluster status built by `report::summarize` and written by
 //! `report::write_status`, credential renewal (`loops::renewal_delay`, `loops::request_token`:
 //! one TokenRequest with a third of the lifetime left, jittered), and leave (`deregister`).
 //!
@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -27,7 +28,8 @@ use kube::Client;
 use kube::api::Api;
 use kube::client::ConfigExt;
 use kube::client::retry::RetryPolicy;
-use tether_agent::loops::{beat, jittered, renewal_delay, request_token};
+use tether_agent::heartbeat::{Intervals, Link, jittered, renew};
+use tether_agent::loops::{renewal_delay, request_token};
 use tether_agent::register::{Registration, Target, register};
 use tether_agent::report::{Report, status, summarize, write_status};
 use tether_agent::state::Stored;
@@ -206,9 +208,11 @@ impl Fleet {
             name: name.to_string(),
             namespace: ns.to_string(),
             announce: Api::namespaced(client.clone(), ns),
+            lease: Api::namespaced(client.clone(), ns),
             cluster: Api::namespaced(client.clone(), ns),
             client: tokio::sync::watch::channel(client).0,
-            interval: Duration::from_secs(10),
+            intervals: Intervals::default(),
+            link: Arc::new(Link::default()),
             stats: self.stats.clone(),
             stored,
             reach: self.reach.clone(),
@@ -216,8 +220,8 @@ impl Fleet {
         };
         // As the agent does: a fresh credential's 403 may be RBAC still reaching the authorizer.
         let mut forbidden = Settle::forbidden();
-        member.interval = loop {
-            match beat(&member.announce, &member.name, Timestamp::now()).await {
+        member.intervals = loop {
+            match renew(&member.lease, &member.name, Timestamp::now()).await {
                 Ok(interval) => break interval,
                 Err(e) if forbidden.tolerate(&e) => tokio::time::sleep(Duration::from_secs(1)).await,
                 Err(source) => {
@@ -279,9 +283,12 @@ pub struct Member {
     /// Its namespace on the leader.
     pub namespace: String,
     announce: Api<MemberClusterAnnounce>,
+    lease: Api<Lease>,
     cluster: Api<ManagedCluster>,
-    /// The heartbeat interval the leader asked for last.
-    pub interval: Duration,
+    /// The heartbeat intervals the leader asked for last.
+    pub intervals: Intervals,
+    /// Whether its tunnel is attached (the long interval applies then).
+    link: Arc<Link>,
     stats: Arc<Stats>,
     /// The current client (replaced on each renewal; the tunnel dials with the latest).
     client: tokio::sync::watch::Sender<Client>,
@@ -293,9 +300,9 @@ pub struct Member {
 }
 
 impl Member {
-    /// One heartbeat (the agent's `loops::beat`); returns the interval the leader asks for.
-    pub async fn beat(&self) -> Result<Duration, Error> {
-        let r = beat(&self.announce, &self.name, Timestamp::now()).await;
+    /// One heartbeat (the agent's `heartbeat::renew`); returns the intervals the leader asks for.
+    pub async fn beat(&self) -> Result<Intervals, Error> {
+        let r = renew(&self.lease, &self.name, Timestamp::now()).await;
         let counter = if r.is_ok() {
             &self.stats.heartbeats
         } else {
@@ -366,10 +373,16 @@ impl Member {
         self.stored.credential.expiration_timestamp = status.expiration_timestamp.0.to_string();
         let client = self.reach.client(&self.stored.credential.token)?;
         self.announce = Api::namespaced(client.clone(), &self.namespace);
+        self.lease = Api::namespaced(client.clone(), &self.namespace);
         self.cluster = Api::namespaced(client.clone(), &self.namespace);
         self.client.send_replace(client);
         self.stats.renewals.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The interval until the next heartbeat, without its jitter.
+    pub fn interval(&self) -> Duration {
+        self.intervals.next(*self.link.attached().borrow())
     }
 
     /// Heartbeats until `cancel`, as the agent's heartbeat loop does: the first one at a random
@@ -377,16 +390,17 @@ impl Member {
     /// ±10%. A failed heartbeat is counted and retried at the next beat. Renews the credential
     /// when the agent would (`loops::renewal_delay`); a failed renewal is retried after 10 s.
     pub async fn heartbeat_until(mut self, cancel: CancellationToken) -> Self {
-        let mut next_beat = Instant::now() + self.interval.mul_f64(rand_fraction(&self.name));
+        let attached = self.link.attached();
+        let mut next_beat = Instant::now() + self.interval().mul_f64(rand_fraction(&self.name));
         let mut next_renewal = Instant::now() + renewal_delay(&self.stored, Timestamp::now());
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return self,
                 _ = tokio::time::sleep_until(next_beat.into()) => {
-                    if let Ok(interval) = self.beat().await {
-                        self.interval = interval;
+                    if let Ok(intervals) = self.beat().await {
+                        self.intervals = intervals;
                     }
-                    next_beat = Instant::now() + jittered(self.interval);
+                    next_beat = Instant::now() + jittered(self.intervals.next(*attached.borrow()));
                 }
                 _ = tokio::time::sleep_until(next_renewal.into()) => {
                     next_renewal = Instant::now() + match self.renew().await {
@@ -416,8 +430,36 @@ impl Member {
             name: self.name.clone(),
             key: self.key.clone(),
         };
+        let link = self.link.clone();
         async move {
-            let _ = tether_agent::tunnel::run(rx, access, at).await;
+            let _ = tether_agent::tunnel::run(rx, access, at, &link).await;
+            link.set_attached(false);
+        }
+    }
+
+    /// Attaches the member's tunnel once through the agent's own code and holds it without
+    /// serving it: the tunnel of a frozen agent, open but answering nothing (not even pings).
+    /// Dropping what the future gives closes it.
+    pub fn frozen_tunnel(
+        &self,
+        set: &str,
+    ) -> impl std::future::Future<Output = Result<Box<dyn std::any::Any + Send>, Error>> + Send + use<> {
+        let at = tether_agent::tunnel::Attach {
+            set: set.to_string(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            key: self.key.clone(),
+        };
+        let client = self.client.subscribe();
+        async move {
+            let client = client.borrow().clone();
+            tether_agent::tunnel::attach_unserved(&client, &at)
+                .await
+                .map(|held| Box::new(held) as Box<dyn std::any::Any + Send>)
+                .map_err(|why| Error::Leader {
+                    op: "attach a frozen tunnel",
+                    source: kube::Error::Service(why.into()),
+                })
         }
     }
 

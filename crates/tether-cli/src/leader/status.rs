@@ -1,5 +1,6 @@
 //! `tether status`: the set's counts and one row per member (leader), or the membership (member).
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -79,7 +80,11 @@ pub async fn status(target: &Target, args: StatusArgs) -> anyhow::Result<()> {
     let mcs = Api::<ManagedCluster>::all(client.clone())
         .list(&ListParams::default().labels(&selector))
         .await?;
-    let mcas = Api::<MemberClusterAnnounce>::all(client)
+    let mcas = Api::<MemberClusterAnnounce>::all(client.clone())
+        .list(&ListParams::default().labels(&selector))
+        .await?;
+    // NB: the heartbeat is the member's Lease; agents from before Leases renew the announce.
+    let leases = Api::<Lease>::all(client)
         .list(&ListParams::default().labels(&selector))
         .await?;
     let now = Timestamp::now();
@@ -88,12 +93,22 @@ pub async fn status(target: &Target, args: StatusArgs) -> anyhow::Result<()> {
         .iter()
         .map(|mc| {
             let s = mc.status.clone().unwrap_or_default();
-            let renewed = mcas
+            let announced = mcas
                 .items
                 .iter()
                 .find(|a| a.namespace() == mc.namespace())
-                .and_then(|a| a.spec.renew_time.clone())
-                .map(|t| format!("{} ago", age((now - t.0).get_seconds())))
+                .and_then(|a| a.spec.renew_time.clone());
+            let leased = leases
+                .items
+                .iter()
+                .find(|l| l.namespace() == mc.namespace() && l.name_any() == mc.name_any())
+                .and_then(|l| l.spec.as_ref()?.renew_time.clone());
+            let renewed = announced
+                .into_iter()
+                .chain(leased)
+                .map(|t| t.0)
+                .max()
+                .map(|t| format!("{} ago", age((now - t).get_seconds())))
                 .unwrap_or_else(|| "never".into());
             MemberRow {
                 name: mc.name_any(),

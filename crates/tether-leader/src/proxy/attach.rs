@@ -4,7 +4,6 @@
 //! attached with, unless proven again.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::header::{CONNECTION, UPGRADE};
 use http::{HeaderValue, Request, Response, StatusCode};
@@ -26,19 +25,12 @@ use super::tunnels::MemberKey;
 use crate::Context;
 use crate::naming::AGENT_SERVICE_ACCOUNT;
 
-/// How often the leader pings each tunnel (the agent's read timeout is longer).
-const KEEPALIVE: Duration = Duration::from_secs(10);
-/// A tunnel that does not answer a ping for this long is closed.
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// How long a tunnel proven now may live without a new proof: the lifetime of the credential
-/// its agent attached with (the set's `credentialTTL`), so that it never outlives that token.
-fn proven_for(ctx: &Context, mc: &ManagedCluster) -> Duration {
+/// The leader policy of member `mc`'s set (the defaults if the set is gone).
+fn policy_of(ctx: &Context, mc: &ManagedCluster) -> tether_api::clusterset::LeaderSpec {
     ctx.set_of(mc)
         .and_then(|set| ctx.leader_set(&set))
         .and_then(|s| s.spec.leader.clone())
         .unwrap_or_default()
-        .credential_lifetime()
 }
 
 /// `attach`, as the member's own agent ServiceAccount. Without a proof header: a challenge
@@ -135,7 +127,10 @@ pub(super) fn attach(
         warn!(member = %m.name, namespace = %m.namespace, reason = why.label(), "Refused an attach proof");
         return status(StatusCode::FORBIDDEN, &format!("member {}: {why}", m.name));
     }
-    let lifetime = proven_for(&sh.ctx, &mc);
+    // NB: a tunnel proven now lives without a new proof for the lifetime of the credential
+    // its agent attached with (the set's `credentialTTL`), so that it never outlives that token.
+    let policy = policy_of(&sh.ctx, &mc);
+    let lifetime = policy.credential_lifetime();
     let deadline = tokio::time::Instant::now() + lifetime;
     if upgrade.is_none() {
         return if sh.tunnels.renew(&m, &key, deadline) {
@@ -164,10 +159,12 @@ pub(super) fn attach(
                 return;
             }
         };
+        // NB: the set's ping interval and timeout: a tunnel that stops answering closes with a
+        // timeout error, which the member's health counts as lost at once.
         let handshake = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
-            .keep_alive_interval(KEEPALIVE)
-            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_interval(policy.ping())
+            .keep_alive_timeout(policy.ping_timeout())
             .keep_alive_while_idle(true)
             .handshake::<_, Body>(upgraded)
             .await;
@@ -184,13 +181,24 @@ pub(super) fn attach(
         if inserted.replaced {
             replaced(&sh.ctx, &mc).await;
         }
-        tokio::select! {
-            r = conn => if let Err(e) = r { debug!(member = %m.name, error = %e, "Tunnel closed with an error") },
-            _ = inserted.close.cancelled() => {}
-            _ = sh.stop.cancelled() => {}
+        let silent = tokio::select! {
+            r = conn => match r {
+                Ok(()) => false,
+                Err(e) => {
+                    debug!(member = %m.name, error = %e, "Tunnel closed with an error");
+                    e.is_timeout()
+                }
+            },
+            _ = inserted.close.cancelled() => false,
+            _ = sh.stop.cancelled() => false,
+        };
+        tunnels.remove(&m, inserted.id, silent);
+        if silent {
+            warn!(member = %m.name, namespace = %m.namespace, timeout_seconds = policy.ping_timeout().as_secs(),
+                  "Tunnel stopped answering pings; closed");
+        } else {
+            info!(member = %m.name, namespace = %m.namespace, "Tunnel disconnected");
         }
-        tunnels.remove(&m, inserted.id);
-        info!(member = %m.name, namespace = %m.namespace, "Tunnel disconnected");
     });
     let mut resp = Response::new(pipe::empty());
     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;

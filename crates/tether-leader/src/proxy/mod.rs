@@ -28,12 +28,9 @@ use std::time::Duration;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::core::GroupVersionKind;
-use tether_api::conditions::{ConditionType, Reason, Status, condition, find};
-use tether_api::{ManagedCluster, ManagedClusterStatus};
+use tether_api::ManagedCluster;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -46,8 +43,6 @@ use tunnels::{Change, Tunnels};
 
 /// The field manager of what the proxy writes (its own: the Ready condition is another's).
 pub const FIELD_MANAGER: &str = "tether-leader-proxy";
-/// How long a new leader waits for agents to reconnect before it marks a member's tunnel lost.
-const RECONNECT_GRACE: Duration = Duration::from_secs(45);
 /// How long a caller has to complete the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a caller has to send a request's headers (HTTP/1; also an idle keep-alive).
@@ -337,8 +332,6 @@ async fn serve(
         stop: stop.clone(),
         decoy: tether_seal::generate_keypair().1,
     });
-    let sweep = sweep_stale(ctx.clone(), tunnels.clone());
-    tokio::pin!(sweep);
     let revoked = revoke::sweep(ctx.clone(), tunnels.clone(), identities.clone());
     tokio::pin!(revoked);
     let identities = revoke::follow_identities(ctx.clone(), tunnels.clone(), identities);
@@ -348,7 +341,6 @@ async fn serve(
     loop {
         let (tcp, peer) = tokio::select! {
             _ = stop.cancelled() => return Ok(()),
-            _ = &mut sweep => continue,
             _ = &mut follow => continue,
             _ = &mut revoked => continue,
             _ = &mut identities => continue,
@@ -445,98 +437,33 @@ fn apiservice_resource() -> ApiResource {
     )
 }
 
-/// Writes each tunnel change into the member's TunnelConnected condition (while leading).
+/// Tells the member health tracker of each tunnel change (while leading) and has the member
+/// looked at again: its Ready and TunnelConnected conditions follow its tunnel from there
+/// (`members.rs`), so a tunnel that closes and attaches again within the detection time writes
+/// nothing.
 async fn conditions(ctx: Arc<Context>, tunnels: Arc<Tunnels>, mut rx: mpsc::UnboundedReceiver<Change>) {
     while let Some(change) = rx.recv().await {
         ctx.metrics.set_tunnels(tunnels.len());
         if !*ctx.leader.borrow() {
             continue;
         }
-        let (status, reason, message) = if change.connected {
-            (
-                Status::True,
-                Reason::TunnelAttached,
-                "the agent's tunnel is attached to the active leader".to_string(),
-            )
+        let now = std::time::Instant::now();
+        ctx.health.start_term(now);
+        let m = &change.member;
+        let key = format!("{}/{}", m.namespace, m.name);
+        if change.connected {
+            ctx.health.tunnel_attached(&key);
         } else {
-            (
-                Status::False,
-                Reason::TunnelClosed,
-                "the agent's tunnel closed; it reconnects by itself".to_string(),
-            )
-        };
-        write_condition(&ctx, &change.member, status, reason, message).await;
-    }
-}
-
-async fn write_condition(
-    ctx: &Context,
-    m: &tunnels::MemberKey,
-    status: Status,
-    reason: Reason,
-    message: String,
-) {
-    let previous = ctx
-        .clusters
-        .get(&kube::runtime::reflector::ObjectRef::new(&m.name).within(&m.namespace))
-        .and_then(|mc| mc.status.clone())
-        .map(|s| s.conditions)
-        .unwrap_or_default();
-    let cond = condition(
-        &previous,
-        ConditionType::TunnelConnected,
-        status,
-        reason,
-        message,
-        Timestamp::now(),
-    );
-    if find(&previous, ConditionType::TunnelConnected).is_some_and(|c| c == &cond) {
-        return;
-    }
-    let patch = ManagedClusterStatus {
-        conditions: vec![cond],
-        ..ManagedClusterStatus::default()
-    };
-    let api = Api::<ManagedCluster>::namespaced(ctx.client.clone(), &m.namespace);
-    if let Err(e) = api
-        .patch_status(
-            &m.name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &tether_api::status_apply::<ManagedCluster, _>(&patch),
-        )
-        .await
-    {
-        warn!(member = %m.name, error = &e as &dyn std::error::Error, "Cannot write TunnelConnected");
-    }
-}
-
-/// After a failover, members whose condition still says connected but whose agent did not come
-/// back within the grace are marked `NoTunnel`. Runs once per serving term.
-async fn sweep_stale(ctx: Arc<Context>, tunnels: Arc<Tunnels>) {
-    tokio::time::sleep(RECONNECT_GRACE).await;
-    for mc in ctx.clusters.state() {
-        let key = tunnels::MemberKey {
-            namespace: mc.namespace().unwrap_or_default(),
-            name: mc.name_any(),
-        };
-        let says_connected = mc
-            .status
-            .as_ref()
-            .and_then(|s| find(&s.conditions, ConditionType::TunnelConnected))
-            .is_some_and(|c| c.status == "True");
-        if says_connected && tunnels.get(&key).is_none() {
-            write_condition(
-                &ctx,
-                &key,
-                Status::False,
-                Reason::NoTunnel,
-                format!(
-                    "no tunnel reached the active leader within {}s",
-                    RECONNECT_GRACE.as_secs()
-                ),
-            )
-            .await;
+            ctx.health.tunnel_closed(&key, now, change.silent);
         }
+        let mut member = ManagedCluster::new(
+            &m.name,
+            tether_api::ManagedClusterSpec {
+                cluster_id: String::new(),
+                cluster_set: String::new(),
+            },
+        );
+        member.metadata.namespace = Some(m.namespace.clone());
+        let _ = ctx.nudge.unbounded_send(member);
     }
-    std::future::pending::<()>().await;
 }

@@ -30,6 +30,8 @@ pub struct Change {
     pub member: MemberKey,
     /// Whether a tunnel is now connected.
     pub connected: bool,
+    /// For a close: whether the tunnel stopped answering pings (rather than being closed).
+    pub silent: bool,
 }
 
 struct Entry {
@@ -115,6 +117,7 @@ impl Tunnels {
         let _ = self.changes.send(Change {
             member,
             connected: true,
+            silent: false,
         });
         Inserted { id, close, replaced }
     }
@@ -150,12 +153,13 @@ impl Tunnels {
         let _ = self.changes.send(Change {
             member: member.clone(),
             connected: false,
+            silent: false,
         });
         true
     }
 
     /// Removes `member`'s tunnel if it is still the one registered as `id`.
-    pub fn remove(&self, member: &MemberKey, id: u64) {
+    pub fn remove(&self, member: &MemberKey, id: u64, silent: bool) {
         let removed = {
             let mut live = self.live();
             match live.get(member) {
@@ -167,6 +171,7 @@ impl Tunnels {
             let _ = self.changes.send(Change {
                 member: member.clone(),
                 connected: false,
+                silent,
             });
         }
     }
@@ -187,6 +192,7 @@ impl Tunnels {
             let _ = self.changes.send(Change {
                 member,
                 connected: false,
+                silent: false,
             });
         }
     }

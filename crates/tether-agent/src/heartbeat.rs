@@ -1,0 +1,369 @@
+//! The member's heartbeat: one small write that renews its Lease on the leader, often while
+//! nothing else tells the leader the member lives, rarely while its tunnel does.
+//!
+//! - With the tunnel attached, the leader sees the agent alive in its pings, so the Lease is only
+//!   the backstop, renewed every `tunnelHeartbeatInterval` (minutes).
+//! - Without a tunnel (member access off, the leader does not serve it, or it cannot attach),
+//!   the Lease is the heartbeat, renewed every `heartbeatInterval`.
+//! - When the tunnel is lost, the agent first tries to attach it again and renews at the short
+//!   interval only `DETACHED_WAIT` intervals later, so a whole fleet whose tunnels dropped at once
+//!   (a leader failover) re-attaches without a burst of writes.
+//!
+//! Both intervals, and the ping interval, are annotations the leader keeps on the Lease, read
+//! back from each renewal. Under a leader from before heartbeat Leases (no Lease, or no right to
+//! it) the agent renews its announce as before, and tries the Lease again every `LEASE_RETRY`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use rand::Rng;
+use serde_json::json;
+use tether_api::conditions::Reason;
+use tether_api::{MemberClusterAnnounce, annotations};
+use tether_join::settle::Settle;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::loops::rejected;
+use crate::session::{Shared, update};
+use crate::view::time;
+use crate::{Error, FIELD_MANAGER};
+
+/// The heartbeat time in the member status is refreshed at most this often.
+const HEARTBEAT_STATUS_EVERY: Duration = Duration::from_secs(60);
+/// After losing its tunnel, the agent waits this many short intervals before renewing.
+const DETACHED_WAIT: u32 = 3;
+/// Under a leader without heartbeat Leases, how often the agent tries its Lease again.
+const LEASE_RETRY: Duration = Duration::from_secs(300);
+
+/// The intervals the leader asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Intervals {
+    /// Between renewals without a tunnel (the set's `heartbeatInterval`).
+    pub alone: Duration,
+    /// Between renewals with the tunnel attached (the set's `tunnelHeartbeatInterval`).
+    pub tunneled: Duration,
+    /// Between pings of the tunnel (the set's `tunnelPingInterval`).
+    pub ping: Duration,
+}
+
+impl Default for Intervals {
+    /// The set defaults, until the leader says otherwise.
+    fn default() -> Self {
+        Self {
+            alone: Duration::from_secs(10),
+            tunneled: Duration::from_secs(300),
+            ping: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Intervals {
+    /// The intervals on a heartbeat Lease (the defaults for any it lacks or that do not parse).
+    pub fn of(lease: &Lease) -> Self {
+        let d = Self::default();
+        let a = lease.annotations();
+        let secs = |key: &str, default: Duration| {
+            a.get(key)
+                .and_then(|v| v.parse::<u64>().ok())
+                .filter(|s| (1..=86_400).contains(s))
+                .map_or(default, Duration::from_secs)
+        };
+        Self {
+            alone: secs(annotations::HEARTBEAT_INTERVAL, d.alone),
+            tunneled: secs(annotations::TUNNEL_HEARTBEAT_INTERVAL, d.tunneled),
+            ping: secs(annotations::TUNNEL_PING_INTERVAL, d.ping),
+        }
+    }
+
+    /// Until the next renewal: the long interval while the tunnel is attached.
+    pub fn next(&self, attached: bool) -> Duration {
+        if attached {
+            self.tunneled.max(self.alone)
+        } else {
+            self.alone
+        }
+    }
+}
+
+/// What the tunnel and the heartbeat tell each other: whether the tunnel is attached, and the
+/// ping interval the leader asks for.
+#[derive(Debug)]
+pub struct Link {
+    attached: watch::Sender<bool>,
+    ping_millis: AtomicU64,
+}
+
+impl Default for Link {
+    fn default() -> Self {
+        Self {
+            attached: watch::Sender::new(false),
+            ping_millis: AtomicU64::new(Intervals::default().ping.as_millis() as u64),
+        }
+    }
+}
+
+impl Link {
+    /// The tunnel attached (`true`) or was lost.
+    pub fn set_attached(&self, attached: bool) {
+        self.attached
+            .send_if_modified(|a| std::mem::replace(a, attached) != attached);
+    }
+
+    /// Whether the tunnel is attached now, and a receiver of changes.
+    pub fn attached(&self) -> watch::Receiver<bool> {
+        self.attached.subscribe()
+    }
+
+    /// How often to ping the tunnel.
+    pub fn ping(&self) -> Duration {
+        Duration::from_millis(self.ping_millis.load(Ordering::Relaxed))
+    }
+
+    fn set_ping(&self, ping: Duration) {
+        self.ping_millis.store(ping.as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+/// One heartbeat: renews the Lease `name` with `now` (one small write) and returns the
+/// intervals it carries.
+pub async fn renew(api: &Api<Lease>, name: &str, now: Timestamp) -> Result<Intervals, kube::Error> {
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    let body = json!({"spec": {"renewTime": MicroTime(now)}});
+    let lease = api.patch(name, &pp, &Patch::Merge(body)).await?;
+    Ok(Intervals::of(&lease))
+}
+
+/// One heartbeat under a leader from before heartbeat Leases: renews the announce `name` with
+/// `now` and returns the interval the leader asks for.
+pub async fn beat(
+    api: &Api<MemberClusterAnnounce>,
+    name: &str,
+    now: Timestamp,
+) -> Result<Duration, kube::Error> {
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    let body = json!({"spec": {"renewTime": now.to_string()}});
+    let mca = api.patch(name, &pp, &Patch::Merge(body)).await?;
+    Ok(Duration::from_secs(
+        mca.spec.heartbeat_interval_seconds.unwrap_or(10).max(1) as u64,
+    ))
+}
+
+/// `interval` ±10%, so that members started together do not heartbeat in lockstep.
+pub fn jittered(interval: Duration) -> Duration {
+    let factor = rand::rng().random_range(0.9..1.1);
+    interval.mul_f64(factor)
+}
+
+/// Whether a refusal of the Lease means the leader has none for this member (a leader from
+/// before heartbeat Leases: no Lease, or an agent Role without it), rather than a bad credential.
+fn no_lease(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if matches!(s.code, 403 | 404))
+}
+
+/// What the heartbeat renews.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Target {
+    Lease,
+    /// The announce, since `since` (the Lease is tried again `LEASE_RETRY` after).
+    Announce {
+        since: Instant,
+    },
+}
+
+/// Renews the member's heartbeat until the credential is rejected.
+pub(crate) async fn run(
+    sh: &Arc<Shared>,
+    client: watch::Receiver<Client>,
+    link: &Link,
+    ns: &str,
+    name: &str,
+) -> Result<(), Error> {
+    let mut intervals = Intervals::default();
+    let mut target = Target::Lease;
+    let mut failures: u32 = 0;
+    let mut forbidden = Settle::forbidden();
+    let mut attached = link.attached();
+    loop {
+        let leader = client.borrow().clone();
+        let now = Timestamp::now();
+        let result = match target {
+            Target::Lease => match renew(&Api::namespaced(leader.clone(), ns), name, now).await {
+                Err(e) if no_lease(&e) => {
+                    info!(error = %e, "No heartbeat Lease on the leader (a leader from before them); renewing the announce");
+                    target = Target::Announce {
+                        since: Instant::now(),
+                    };
+                    continue;
+                }
+                r => r,
+            },
+            Target::Announce { since } => {
+                let r = beat(&Api::namespaced(leader, ns), name, now).await;
+                if since.elapsed() >= LEASE_RETRY {
+                    target = Target::Lease;
+                }
+                r.map(|alone| Intervals {
+                    alone,
+                    tunneled: alone,
+                    ..intervals
+                })
+            }
+        };
+        match result {
+            Ok(next) => {
+                forbidden.clear();
+                sh.ctx.metrics.heartbeat(true);
+                *sh.last_beat.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
+                failures = 0;
+                intervals = next;
+                link.set_ping(intervals.ping);
+                let publish_time = {
+                    let mut last = sh
+                        .last_heartbeat_published
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    let due = last.is_none_or(|t| t.elapsed() >= HEARTBEAT_STATUS_EVERY);
+                    if due {
+                        *last = Some(Instant::now());
+                    }
+                    due
+                };
+                let how = match (target, *attached.borrow()) {
+                    (Target::Announce { .. }, _) => {
+                        format!("announce renewed every {}s", intervals.alone.as_secs())
+                    }
+                    (Target::Lease, true) => format!(
+                        "tunnel attached; heartbeat Lease renewed every {}s",
+                        intervals.tunneled.as_secs()
+                    ),
+                    (Target::Lease, false) => {
+                        format!("heartbeat Lease renewed every {}s", intervals.alone.as_secs())
+                    }
+                };
+                update(sh, |v| {
+                    v.reachable = Some((true, Reason::HeartbeatOK, how));
+                    if publish_time {
+                        v.membership.last_heartbeat_time = Some(time(now));
+                    }
+                })
+                .await;
+            }
+            Err(e) => {
+                let settling = forbidden.tolerate(&e);
+                let err = rejected("heartbeat", e);
+                if matches!(err, Error::CredentialRejected(_)) && !settling {
+                    return Err(err);
+                }
+                sh.ctx.metrics.heartbeat(false);
+                failures += 1;
+                warn!(
+                    error = &err as &dyn std::error::Error,
+                    failures, "Heartbeat failed; retrying"
+                );
+                update(sh, |v| {
+                    v.reachable = Some((false, Reason::LeaderUnreachable, err.to_string()))
+                })
+                .await;
+                let backoff = Duration::from_secs(1 << failures.min(6))
+                    .min(intervals.alone.max(Duration::from_secs(1)));
+                tokio::time::sleep(backoff).await;
+                continue;
+            }
+        }
+        wait(&mut attached, intervals).await;
+    }
+}
+
+/// Waits until the next renewal is due: the interval for whether the tunnel is attached now,
+/// shortened to `DETACHED_WAIT` short intervals if the tunnel is lost meanwhile.
+async fn wait(attached: &mut watch::Receiver<bool>, intervals: Intervals) {
+    let mut due = tokio::time::Instant::now() + jittered(intervals.next(*attached.borrow_and_update()));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(due) => return,
+            changed = attached.changed() => {
+                if changed.is_err() {
+                    // NB: the tunnel is gone for good (member access off): keep the due time.
+                    tokio::time::sleep_until(due).await;
+                    return;
+                }
+                if !*attached.borrow_and_update() {
+                    due = due.min(tokio::time::Instant::now() + jittered(intervals.alone * DETACHED_WAIT));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn lease(annotations: &[(&str, &str)]) -> Lease {
+        let mut l = Lease::default();
+        l.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>(),
+        );
+        l
+    }
+
+    #[test]
+    fn intervals_come_from_the_lease_with_defaults_for_what_is_missing_or_bad() {
+        let l = lease(&[
+            (annotations::HEARTBEAT_INTERVAL, "2"),
+            (annotations::TUNNEL_HEARTBEAT_INTERVAL, "120"),
+            (annotations::TUNNEL_PING_INTERVAL, "0"),
+        ]);
+        let i = Intervals::of(&l);
+        assert_eq!(i.alone, Duration::from_secs(2));
+        assert_eq!(i.tunneled, Duration::from_secs(120));
+        assert_eq!(i.ping, Duration::from_secs(5), "0 is not an interval");
+        assert_eq!(Intervals::of(&lease(&[])), Intervals::default());
+        assert_eq!(
+            Intervals::of(&lease(&[(annotations::HEARTBEAT_INTERVAL, "ten")])).alone,
+            Duration::from_secs(10)
+        );
+        assert_eq!(i.next(true), Duration::from_secs(120));
+        assert_eq!(i.next(false), Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_tunnel_brings_the_next_renewal_forward_but_not_at_once() {
+        let link = Link::default();
+        link.set_attached(true);
+        let mut attached = link.attached();
+        let i = Intervals {
+            alone: Duration::from_secs(10),
+            tunneled: Duration::from_secs(300),
+            ping: Duration::from_secs(5),
+        };
+        let start = tokio::time::Instant::now();
+        let waiting = tokio::spawn(async move { wait(&mut attached, i).await });
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        link.set_attached(false);
+        waiting.await.expect("wait");
+        let waited = start.elapsed();
+        // Lost at 60 s: renewed 27–33 s later, not at 300 s and not at once.
+        assert!(
+            waited >= Duration::from_secs(87) && waited <= Duration::from_secs(93),
+            "{waited:?}"
+        );
+    }
+}

@@ -1,0 +1,64 @@
+//! The liveness benchmark (`make bench-liveness`): for each N, a fresh control plane, the leader
+//! serving member access as its own process, and N members simulated by `tether-sim` through the
+//! agent's own code, each holding a real tunnel. Prints one table per N (`e2e/src/liveness.rs`
+//! says what is measured); `docs/benchmarks.md` keeps the recorded numbers.
+//!
+//! `cargo run --release -p tether-e2e --example liveness_bench -- [N…] [--probes K]
+//!  [--steady SECONDS]` (default N: 1000 5000 10000; probes: 20 killed and 20 frozen agents;
+//! steady: 60). Needs root (its lab network namespace).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use tether_e2e::liveness::{Settings, report, run};
+use tether_testkit::lab;
+
+fn main() -> ExitCode {
+    if let Err(err) = lab::enter() {
+        eprintln!("error: the liveness benchmark needs its lab network namespace: {err}");
+        return ExitCode::FAILURE;
+    }
+    let mut sizes = Vec::new();
+    let (mut probes, mut steady) = (20usize, 60u64);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = |flag: &str| {
+            args.next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("{flag} needs a number"))
+        };
+        match a.as_str() {
+            "--probes" => probes = value("--probes") as usize,
+            "--steady" => steady = value("--steady"),
+            n => sizes.push(
+                n.parse::<usize>()
+                    .unwrap_or_else(|_| panic!("not a member count: {n}")),
+            ),
+        }
+    }
+    if sizes.is_empty() {
+        sizes = vec![1000, 5000, 10_000];
+    }
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cpus = std::thread::available_parallelism().map_or(0, |p| p.get());
+    let binary = std::env::var("TETHER_BIN_DIR").unwrap_or_else(|_| "target/debug".into());
+    eprintln!("== liveness benchmark: N = {sizes:?} on {cpus} CPUs; leader binary from {binary}");
+    for n in sizes {
+        let settings = Settings {
+            members: n,
+            concurrency: n.min(1000),
+            probes: probes.min(n / 4),
+            steady: Duration::from_secs(steady),
+            failover_window: Duration::from_secs(120),
+        };
+        let outcome = rt.block_on(run(&settings));
+        println!("{}", report(&outcome));
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,645 @@
+//! The liveness benchmark (`make bench-liveness`): one leader serving member access and N
+//! members simulated by `tether-sim` through the agent's own code, each holding a real tunnel
+//! through the leader's kube-apiserver, as real agents do. For each N it measures, in one run on
+//! one control plane:
+//!
+//! - what a member and what an idle tunnel cost kube-apiserver and etcd (RSS, Go heap,
+//!   goroutines, file descriptors), and that open tunnels hold no priority-and-fairness seat;
+//! - registration: members/s, API writes per registration, and the rate the API server's
+//!   measured write limit allows for that many writes;
+//! - the steady state with every tunnel attached: writes/s by kind and per member, leader and
+//!   kube-apiserver CPU and RSS;
+//! - detection: killed agents (tunnel closed, no more renewals) and frozen ones (tunnel open,
+//!   answering nothing) to `Ready=Unknown`, p50 and p99;
+//! - a leader failover (the serving replica killed for a standby): time until every tunnel is
+//!   attached again, members marked Unknown meanwhile (the target is none), and the peak write
+//!   rate.
+//!
+//! Needs root: the leader's proxy listens on the lab bridge (the aggregator cannot route to
+//! loopback), as in `make bench-proxy`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::Client;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+use tether_api::ManagedCluster;
+use tether_api::conditions::{ConditionType, find};
+use tether_sim::{Fleet, Member, quantile};
+use tether_testkit::{TestCluster, free_port, lab};
+use tokio_util::sync::CancellationToken;
+
+use crate::fleet::{self, LeaderSide};
+use crate::scale::{
+    CLOCK_TICKS, classify, cpu_ticks, metric, request_counts, rss_mib, sim_join, write_limit,
+};
+use crate::sim::join_token;
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Members.
+    pub members: usize,
+    /// Registrations in flight at once.
+    pub concurrency: usize,
+    /// Members killed, and as many frozen, to time detection.
+    pub probes: usize,
+    /// The steady window.
+    pub steady: Duration,
+    /// How long the failover is watched.
+    pub failover_window: Duration,
+}
+
+/// What kube-apiserver or etcd holds at one moment.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Held {
+    /// Resident memory, MiB.
+    pub rss: f64,
+    /// Go heap in use, MiB (`go_memstats_heap_inuse_bytes`; kube-apiserver only).
+    pub heap: f64,
+    /// Goroutines (kube-apiserver only).
+    pub goroutines: f64,
+    /// Open file descriptors.
+    pub fds: f64,
+}
+
+impl Held {
+    fn minus(self, other: Held, per: usize) -> Held {
+        let per = per.max(1) as f64;
+        Held {
+            rss: (self.rss - other.rss) * 1024.0 / per,
+            heap: (self.heap - other.heap) * 1024.0 / per,
+            goroutines: (self.goroutines - other.goroutines) / per,
+            fds: (self.fds - other.fds) / per,
+        }
+    }
+}
+
+/// One run's figures.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Members.
+    pub members: usize,
+    /// The API server's measured limit for small writes, /s.
+    pub api_limit: f64,
+    /// Registrations per second.
+    pub registration_rate: f64,
+    /// API writes per registration (every client).
+    pub writes_per_registration: f64,
+    /// Per member, KiB / goroutines / fds of kube-apiserver, and KiB of etcd RSS.
+    pub per_member: (Held, f64),
+    /// Per idle tunnel, the same.
+    pub per_tunnel: (Held, f64),
+    /// `apiserver_flowcontrol_current_executing_seats` (all levels) with every tunnel open: max seen.
+    pub seats: f64,
+    /// Steady writes/s by kind.
+    pub steady_writes: BTreeMap<String, f64>,
+    /// Steady CPU (share of a core): leader, kube-apiserver, etcd.
+    pub steady_cpu: (f64, f64, f64),
+    /// RSS MiB with every tunnel attached: leader, kube-apiserver, etcd.
+    pub rss: (f64, f64, f64),
+    /// Time from tunnels started to all attached.
+    pub attach_all: Duration,
+    /// Killed agents to Unknown, sorted.
+    pub killed: Vec<Duration>,
+    /// Frozen agents to Unknown, sorted.
+    pub frozen: Vec<Duration>,
+    /// The set's detection time and ping timeout.
+    pub detection: (Duration, Duration),
+    /// Failover: kill → every live tunnel attached to the standby.
+    pub reattach: Option<Duration>,
+    /// Live members marked anything but Ready=True during the failover window.
+    pub marked_unknown: usize,
+    /// Peak writes in one second, and all writes, during the failover window.
+    pub failover_writes: (f64, f64),
+    /// The standby's RSS once every tunnel attached to it, MiB.
+    pub standby_rss: f64,
+}
+
+/// A Ready change: when it was seen, its status and reason.
+type Change = (Instant, String, String);
+
+/// Every Ready change the leader wrote, per member, from a watch of ManagedClusters.
+#[derive(Clone, Default)]
+struct Transitions(Arc<Mutex<HashMap<String, Vec<Change>>>>);
+
+impl Transitions {
+    fn follow(admin: &Client) -> (Self, tokio::task::JoinHandle<()>) {
+        let t = Self::default();
+        let seen = t.clone();
+        let stream = watcher(
+            Api::<ManagedCluster>::all(admin.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .applied_objects()
+        .for_each(move |mc| {
+            if let Ok(mc) = mc
+                && let Some(c) = mc
+                    .status
+                    .as_ref()
+                    .and_then(|s| find(&s.conditions, ConditionType::Ready))
+            {
+                let mut all = seen.0.lock().unwrap_or_else(|p| p.into_inner());
+                let list = all.entry(mc.name_any()).or_default();
+                if list
+                    .last()
+                    .is_none_or(|(_, s, r)| s != &c.status || r != &c.reason)
+                {
+                    list.push((Instant::now(), c.status.clone(), c.reason.clone()));
+                }
+            }
+            async {}
+        });
+        (t, tokio::spawn(stream))
+    }
+
+    /// When `name` was first seen `status` after `since`.
+    fn first(&self, name: &str, status: &str, since: Instant) -> Option<Instant> {
+        let all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        all.get(name)?
+            .iter()
+            .find(|(at, s, _)| *at >= since && s == status)
+            .map(|(at, _, _)| *at)
+    }
+
+    /// How many of `names` were seen anything but `True` after `since`.
+    fn not_ready_since(&self, names: &HashSet<String>, since: Instant) -> usize {
+        let all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        names
+            .iter()
+            .filter(|n| {
+                all.get(*n)
+                    .is_some_and(|l| l.iter().any(|(at, s, _)| *at >= since && s != "True"))
+            })
+            .count()
+    }
+
+    /// How many members are `Ready=True` with `reason` now.
+    fn count(&self, reason: &str) -> usize {
+        let all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        all.values()
+            .filter(|l| l.last().is_some_and(|(_, s, r)| s == "True" && r == reason))
+            .count()
+    }
+}
+
+async fn apiserver_metrics(admin: &Client) -> String {
+    let req = http::Request::get("/metrics").body(vec![]).expect("request");
+    admin.request_text(req).await.unwrap_or_default()
+}
+
+fn fds(pid: u32) -> f64 {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count()) as f64
+}
+
+/// What kube-apiserver (`api`) and etcd hold now.
+async fn held(admin: &Client, api: u32, etcd: u32) -> (Held, f64) {
+    let text = apiserver_metrics(admin).await;
+    let api_held = Held {
+        rss: rss_mib(api, "VmRSS"),
+        heap: metric(&text, "go_memstats_heap_inuse_bytes").unwrap_or(0.0) / 1024.0 / 1024.0,
+        goroutines: metric(&text, "go_goroutines").unwrap_or(0.0),
+        fds: fds(api),
+    };
+    (api_held, rss_mib(etcd, "VmRSS"))
+}
+
+/// The sum of a metric's series (every label set) in Prometheus text.
+fn sum_of(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits `settle`, then samples what the API server and etcd hold three times, 5 s apart, and
+/// keeps the median of each figure (a GC between samples moves the heap).
+async fn held_settled(admin: &Client, api: u32, etcd: u32, settle: Duration) -> (Held, f64) {
+    tokio::time::sleep(settle).await;
+    let mut samples = Vec::new();
+    for i in 0..3 {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+        samples.push(held(admin, api, etcd).await);
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (
+        Held {
+            rss: median(samples.iter().map(|s| s.0.rss).collect()),
+            heap: median(samples.iter().map(|s| s.0.heap).collect()),
+            goroutines: median(samples.iter().map(|s| s.0.goroutines).collect()),
+            fds: median(samples.iter().map(|s| s.0.fds).collect()),
+        },
+        median(samples.iter().map(|s| s.1).collect()),
+    )
+}
+
+async fn tunnels_at(leader: &tether_testkit::Controller) -> f64 {
+    match leader.admin_get("/metrics").await {
+        Ok((200, text)) => metric(&text, "tether_leader_tunnels").unwrap_or(0.0),
+        _ => 0.0,
+    }
+}
+
+/// A frozen tunnel of a member, once attached (dropping it closes it).
+type Frozen = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Box<dyn std::any::Any + Send>, tether_sim::Error>> + Send>,
+>;
+
+/// One member of the run: its heartbeat task, its tunnel task, and how to freeze it.
+struct Running {
+    name: String,
+    heartbeat: CancellationToken,
+    tunnel: Option<tokio::task::JoinHandle<()>>,
+    frozen: Option<Frozen>,
+}
+
+/// Runs the benchmark for `s.members` members.
+pub async fn run(s: &Settings) -> Outcome {
+    let n = s.members;
+    let cluster = TestCluster::builder(&format!("live-{n}"))
+        .start()
+        .await
+        .expect("control plane");
+    let admin = cluster.client().expect("admin");
+    let (api_pid, etcd_pid) = (
+        cluster.pid("kube-apiserver").expect("kube-apiserver"),
+        cluster.pid("etcd").expect("etcd"),
+    );
+    eprintln!("== [{n}] measuring the API server's limit for small writes (15 s)");
+    let api_limit = write_limit(&admin, Duration::from_secs(15)).await;
+    eprintln!("   {api_limit:.0} writes/s");
+    // NB: members heartbeat without a tunnel until theirs attaches: the interval keeps N of
+    // them within 30 % of the limit, as `make bench` chooses it.
+    let interval = [10u64, 15, 20, 30, 45, 60, 90, 120]
+        .into_iter()
+        .find(|i| n as f64 / *i as f64 <= api_limit * 0.3)
+        .unwrap_or(120);
+    let policy =
+        json!({"heartbeatInterval": format!("{interval}s"), "gracePeriod": format!("{}s", interval * 4)});
+    let addr = |port| std::net::SocketAddr::from((lab::GATEWAY, port));
+    let (port_a, port_b) = (free_port().expect("port"), free_port().expect("port"));
+    let (baseline, baseline_etcd) = held_settled(&admin, api_pid, etcd_pid, Duration::from_secs(5)).await;
+    let leader = fleet::leader_with_proxy(cluster, policy, addr(port_a), 15, &[]).await;
+    let (transitions, watch) = Transitions::follow(&admin);
+    let token = join_token(&admin).await;
+    let join = sim_join(&leader, &token);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let sim = loop {
+        match Fleet::connect(join.clone()).await {
+            Ok(f) => break f,
+            Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
+            Err(e) => panic!("connect to the leader: {e}"),
+        }
+    };
+
+    eprintln!(
+        "== [{n}] registering {n} members, {} in flight (heartbeat {interval}s without a tunnel)",
+        s.concurrency
+    );
+    let before = request_counts(&admin).await;
+    let started = Instant::now();
+    let names: Vec<String> = (0..n).map(|i| format!("live-{i:05}")).collect();
+    let mut members: Vec<(Member, CancellationToken)> = Vec::with_capacity(n);
+    let mut joined = 0usize;
+    tether_sim::join_all(&sim, names.clone(), s.concurrency, |m, _| {
+        let cancel = CancellationToken::new();
+        members.push((m, cancel));
+        joined += 1;
+        if joined.is_multiple_of((n / 10).max(1)) {
+            eprintln!("   {joined} joined after {:.0?}", started.elapsed());
+        }
+    })
+    .await
+    .expect("members join");
+    let registration = started.elapsed();
+    let after = request_counts(&admin).await;
+    let writes_per_registration = after
+        .iter()
+        .map(|(k, v)| v - before.get(k).copied().unwrap_or(0.0))
+        .sum::<f64>()
+        / n as f64;
+    let registration_rate = n as f64 / registration.as_secs_f64();
+    eprintln!(
+        "   {registration_rate:.1} registrations/s, {writes_per_registration:.1} writes each (the limit allows {:.1}/s)",
+        api_limit / writes_per_registration
+    );
+    let mut running = Vec::with_capacity(n);
+    let mut tunnels = Vec::with_capacity(n);
+    for (i, (m, cancel)) in members.into_iter().enumerate() {
+        tunnels.push(m.tunnel("prod"));
+        running.push(Running {
+            name: m.name.clone(),
+            heartbeat: cancel.clone(),
+            tunnel: None,
+            frozen: (i < 2 * s.probes).then(|| Box::pin(m.frozen_tunnel("prod")) as Frozen),
+        });
+        tokio::spawn(m.heartbeat_until(cancel));
+    }
+    crate::scale::wait_for_counts(&admin, n, n, Duration::from_secs(900)).await;
+    eprintln!("== [{n}] all Ready without tunnels; measuring what the members hold");
+    let (members_held, members_etcd) = held_settled(&admin, api_pid, etcd_pid, Duration::from_secs(20)).await;
+
+    eprintln!("== [{n}] attaching {n} tunnels");
+    let t0 = Instant::now();
+    for (r, t) in running.iter_mut().zip(tunnels) {
+        r.tunnel = Some(tokio::spawn(t));
+    }
+    loop {
+        if tunnels_at(&leader.controller).await >= n as f64 && transitions.count("TunnelAlive") >= n {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(900),
+            "every tunnel attached within 15 min"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let attach_all = t0.elapsed();
+    eprintln!("   all attached and Ready on them after {attach_all:.1?}; settling one heartbeat interval");
+    let (tunnels_held, tunnels_etcd) =
+        held_settled(&admin, api_pid, etcd_pid, Duration::from_secs(interval + 5)).await;
+    let mut seats = 0f64;
+
+    eprintln!("== [{n}] steady state for {:?}", s.steady);
+    let procs = [leader.controller.pid(), api_pid, etcd_pid];
+    let cpu0: Vec<u64> = procs.iter().map(|p| cpu_ticks(*p)).collect();
+    let (w0, steady_start) = (request_counts(&admin).await, Instant::now());
+    while steady_start.elapsed() < s.steady {
+        let text = apiserver_metrics(&admin).await;
+        seats = seats.max(sum_of(&text, "apiserver_flowcontrol_current_executing_seats"));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let secs = steady_start.elapsed().as_secs_f64();
+    let steady_writes = classify(&w0, &request_counts(&admin).await, secs);
+    let cpu: Vec<f64> = procs
+        .iter()
+        .zip(&cpu0)
+        .map(|(p, c0)| (cpu_ticks(*p) - c0) as f64 / CLOCK_TICKS / secs)
+        .collect();
+    let rss = (
+        rss_mib(leader.controller.pid(), "VmRSS"),
+        rss_mib(api_pid, "VmRSS"),
+        rss_mib(etcd_pid, "VmRSS"),
+    );
+
+    let detection = detect(s, &transitions, &mut running).await;
+    let (reattach, marked_unknown, failover_writes, standby_rss, leader) =
+        failover(s, leader, addr(port_b), &transitions, &running).await;
+    for r in &running {
+        r.heartbeat.cancel();
+        if let Some(t) = &r.tunnel {
+            t.abort();
+        }
+    }
+    watch.abort();
+    drop(leader);
+    Outcome {
+        members: n,
+        api_limit,
+        registration_rate,
+        writes_per_registration,
+        per_member: (
+            members_held.minus(baseline, n),
+            (members_etcd - baseline_etcd) * 1024.0 / n as f64,
+        ),
+        per_tunnel: (
+            tunnels_held.minus(members_held, n),
+            (tunnels_etcd - members_etcd) * 1024.0 / n as f64,
+        ),
+        seats,
+        steady_writes,
+        steady_cpu: (cpu[0], cpu[1], cpu[2]),
+        rss,
+        attach_all,
+        killed: detection.0,
+        frozen: detection.1,
+        detection: detection.2,
+        reattach,
+        marked_unknown,
+        failover_writes,
+        standby_rss,
+    }
+}
+
+/// Kills `s.probes` members (tunnel closed, no more renewals) and freezes as many (tunnel open,
+/// answering nothing), and times each to `Ready=Unknown`.
+async fn detect(
+    s: &Settings,
+    transitions: &Transitions,
+    running: &mut [Running],
+) -> (Vec<Duration>, Vec<Duration>, (Duration, Duration)) {
+    let n = running.len();
+    let policy = tether_api::clusterset::LeaderSpec::default();
+    let timings = (policy.tunnel_detection(), policy.ping_timeout());
+    eprintln!("== [{n}] killing {} agents", s.probes);
+    let killed_at = Instant::now();
+    let killed: Vec<String> = running[..s.probes]
+        .iter_mut()
+        .map(|r| {
+            r.heartbeat.cancel();
+            if let Some(t) = r.tunnel.take() {
+                t.abort();
+            }
+            r.name.clone()
+        })
+        .collect();
+    let killed = times_to_unknown(transitions, &killed, killed_at).await;
+    eprintln!("== [{n}] freezing {} agents", s.probes);
+    let mut held = Vec::new();
+    let mut frozen_at = Vec::new();
+    for r in running[s.probes..2 * s.probes].iter_mut() {
+        r.heartbeat.cancel();
+        if let Some(t) = r.tunnel.take() {
+            t.abort();
+        }
+        let frozen = r.frozen.take().expect("a member set aside to freeze");
+        held.push(frozen.await.expect("frozen tunnel attaches"));
+        frozen_at.push((r.name.clone(), Instant::now()));
+    }
+    let mut frozen = Vec::new();
+    for (name, at) in &frozen_at {
+        frozen.extend(times_to_unknown(transitions, std::slice::from_ref(name), *at).await);
+    }
+    frozen.sort();
+    drop(held);
+    (killed, frozen, timings)
+}
+
+/// For each of `names`, the time from `since` until it was seen `Ready=Unknown` (waiting up
+/// to 2 minutes), sorted.
+async fn times_to_unknown(transitions: &Transitions, names: &[String], since: Instant) -> Vec<Duration> {
+    let deadline = since + Duration::from_secs(120);
+    loop {
+        let seen: Vec<Option<Instant>> = names
+            .iter()
+            .map(|n| transitions.first(n, "Unknown", since))
+            .collect();
+        if seen.iter().all(Option::is_some) || Instant::now() > deadline {
+            let mut out: Vec<Duration> = seen
+                .into_iter()
+                .map(|t| t.map_or(Duration::from_secs(120), |t| t - since))
+                .collect();
+            out.sort();
+            return out;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Starts a standby replica, kills the serving one, and watches `s.failover_window`: time until
+/// every live tunnel is attached to the standby, live members marked anything but Ready, the
+/// peak and total writes.
+async fn failover(
+    s: &Settings,
+    mut leader: LeaderSide,
+    standby_at: std::net::SocketAddr,
+    transitions: &Transitions,
+    running: &[Running],
+) -> (Option<Duration>, usize, (f64, f64), f64, LeaderSide) {
+    let live: HashSet<String> = running
+        .iter()
+        .filter(|r| r.tunnel.is_some())
+        .map(|r| r.name.clone())
+        .collect();
+    let n = live.len();
+    eprintln!("== [{n} live] failover: a standby starts, the serving replica is killed");
+    let args = fleet::proxy_args(standby_at, 15, &[]);
+    let standby = leader.start_replica("leader-b", &args).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let first = request_counts(&leader.admin).await;
+    let mut last = first.clone();
+    let (mut peak, mut reattach) = (0f64, None);
+    leader.controller.kill();
+    let killed = Instant::now();
+    while killed.elapsed() < s.failover_window {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = request_counts(&leader.admin).await;
+        peak = peak.max(classify(&last, &now, 1.0).values().sum());
+        last = now;
+        if reattach.is_none() && tunnels_at(&standby).await >= n as f64 {
+            reattach = Some(killed.elapsed());
+            eprintln!(
+                "   every tunnel attached to the standby after {:.1?}",
+                killed.elapsed()
+            );
+        }
+    }
+    let total: f64 = classify(&first, &last, 1.0).values().sum();
+    let marked = transitions.not_ready_since(&live, killed);
+    let standby_rss = rss_mib(standby.pid(), "VmRSS");
+    leader.controller = standby;
+    (reattach, marked, (peak, total), standby_rss, leader)
+}
+
+/// The figures of one run, as Markdown lines.
+pub fn report(o: &Outcome) -> String {
+    let ms = |d: Duration| format!("{:.1} s", d.as_secs_f64());
+    let per_member_writes = o.steady_writes.values().sum::<f64>() / o.members as f64;
+    let mut out = format!("### N = {}\n\n", o.members);
+    let mut line = |k: &str, v: String| out.push_str(&format!("| {k} | {v} |\n"));
+    line(
+        "API server limit (small writes)",
+        format!("{:.0} /s", o.api_limit),
+    );
+    line(
+        "registration",
+        format!(
+            "{:.1} /s; {:.1} writes each (every client); the limit allows {:.1} /s: {:.0} %",
+            o.registration_rate,
+            o.writes_per_registration,
+            o.api_limit / o.writes_per_registration,
+            100.0 * o.registration_rate / (o.api_limit / o.writes_per_registration)
+        ),
+    );
+    let held = |h: &(Held, f64)| {
+        format!(
+            "kube-apiserver {:.1} KiB RSS, {:.1} KiB heap, {:.2} goroutines, {:.2} fds; etcd {:.1} KiB RSS",
+            h.0.rss, h.0.heap, h.0.goroutines, h.0.fds, h.1
+        )
+    };
+    line("per member (no tunnel)", held(&o.per_member));
+    line("per idle tunnel", held(&o.per_tunnel));
+    line(
+        "executing seats, max over the steady window",
+        format!("{:.0}", o.seats),
+    );
+    line("all tunnels attached", ms(o.attach_all));
+    line(
+        "steady writes",
+        format!(
+            "{} = {:.4} per member per s",
+            o.steady_writes
+                .iter()
+                .map(|(k, v)| format!("{k} {v:.1}/s"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            per_member_writes
+        ),
+    );
+    line(
+        "steady CPU (share of a core)",
+        format!(
+            "leader {:.1} %, kube-apiserver {:.1} %, etcd {:.1} %",
+            o.steady_cpu.0 * 100.0,
+            o.steady_cpu.1 * 100.0,
+            o.steady_cpu.2 * 100.0
+        ),
+    );
+    line(
+        "RSS",
+        format!(
+            "leader {:.0} MiB, kube-apiserver {:.0} MiB, etcd {:.0} MiB",
+            o.rss.0, o.rss.1, o.rss.2
+        ),
+    );
+    line(
+        &format!("killed → Unknown ({} agents)", o.killed.len()),
+        format!(
+            "p50 {}, p99 {} (detection {})",
+            ms(quantile(&o.killed, 0.5)),
+            ms(quantile(&o.killed, 0.99)),
+            ms(o.detection.0)
+        ),
+    );
+    line(
+        &format!("frozen → Unknown ({} agents)", o.frozen.len()),
+        format!(
+            "p50 {}, p99 {} (ping {}, timeout {})",
+            ms(quantile(&o.frozen, 0.5)),
+            ms(quantile(&o.frozen, 0.99)),
+            ms(o.detection.0 - o.detection.1),
+            ms(o.detection.1)
+        ),
+    );
+    line(
+        "failover: every tunnel attached again",
+        o.reattach.map_or("not within the window".into(), ms),
+    );
+    line(
+        "failover: live members marked Unknown",
+        o.marked_unknown.to_string(),
+    );
+    line(
+        "failover: writes",
+        format!(
+            "peak {:.0} in one second, {:.0} in all",
+            o.failover_writes.0, o.failover_writes.1
+        ),
+    );
+    line(
+        "standby RSS with every tunnel",
+        format!("{:.0} MiB", o.standby_rss),
+    );
+    out
+}
