@@ -30,7 +30,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tether_api::ManagedCluster;
 use tether_api::conditions::{ConditionType, find};
-use tether_sim::{Fleet, Member, quantile};
+use tether_sim::{Fleet, quantile};
 use tether_testkit::{TestCluster, free_port, lab};
 use tokio_util::sync::CancellationToken;
 
@@ -307,36 +307,15 @@ pub async fn run(s: &Settings) -> Outcome {
         "== [{n}] registering {n} members, {} in flight (heartbeat {interval}s without a tunnel)",
         s.concurrency
     );
-    let before = request_counts(&admin).await;
+    let (before, beats_before) = (request_counts(&admin).await, sim.stats.heartbeats());
     let started = Instant::now();
     let names: Vec<String> = (0..n).map(|i| format!("live-{i:05}")).collect();
-    let mut members: Vec<(Member, CancellationToken)> = Vec::with_capacity(n);
-    let mut joined = 0usize;
-    tether_sim::join_all(&sim, names.clone(), s.concurrency, |m, _| {
-        let cancel = CancellationToken::new();
-        members.push((m, cancel));
-        joined += 1;
-        if joined.is_multiple_of((n / 10).max(1)) {
-            eprintln!("   {joined} joined after {:.0?}", started.elapsed());
-        }
-    })
-    .await
-    .expect("members join");
-    let registration = started.elapsed();
-    let after = request_counts(&admin).await;
-    let writes_per_registration = after
-        .iter()
-        .map(|(k, v)| v - before.get(k).copied().unwrap_or(0.0))
-        .sum::<f64>()
-        / n as f64;
-    let registration_rate = n as f64 / registration.as_secs_f64();
-    eprintln!(
-        "   {registration_rate:.1} registrations/s, {writes_per_registration:.1} writes each (the limit allows {:.1}/s)",
-        api_limit / writes_per_registration
-    );
-    let mut running = Vec::with_capacity(n);
+    let mut running: Vec<Running> = Vec::with_capacity(n);
     let mut tunnels = Vec::with_capacity(n);
-    for (i, (m, cancel)) in members.into_iter().enumerate() {
+    tether_sim::join_all(&sim, names.clone(), s.concurrency, |m, _| {
+        // NB: each heartbeats from the moment it is in, as an agent does; its tunnel starts later.
+        let cancel = CancellationToken::new();
+        let i = running.len();
         tunnels.push(m.tunnel("prod"));
         running.push(Running {
             name: m.name.clone(),
@@ -345,15 +324,40 @@ pub async fn run(s: &Settings) -> Outcome {
             frozen: (i < 2 * s.probes).then(|| Box::pin(m.frozen_tunnel("prod")) as Frozen),
         });
         tokio::spawn(m.heartbeat_until(cancel));
-    }
+        if (i + 1).is_multiple_of((n / 10).max(1)) {
+            eprintln!("   {} joined after {:.0?}", i + 1, started.elapsed());
+        }
+    })
+    .await
+    .expect("members join");
+    let registration = started.elapsed();
+    let after = request_counts(&admin).await;
+    // NB: the heartbeats members sent while others registered are not the registrations' writes.
+    let beats = (sim.stats.heartbeats() - beats_before) as f64;
+    let writes_per_registration = (after
+        .iter()
+        .map(|(k, v)| v - before.get(k).copied().unwrap_or(0.0))
+        .sum::<f64>()
+        - beats)
+        / n as f64;
+    let registration_rate = n as f64 / registration.as_secs_f64();
+    eprintln!(
+        "   {registration_rate:.1} registrations/s, {writes_per_registration:.1} writes each, not counting \
+         heartbeats (the limit allows {:.1}/s)",
+        api_limit / writes_per_registration
+    );
     crate::scale::wait_for_counts(&admin, n, n, Duration::from_secs(900)).await;
     eprintln!("== [{n}] all Ready without tunnels; measuring what the members hold");
     let (members_held, members_etcd) = held_settled(&admin, api_pid, etcd_pid, Duration::from_secs(20)).await;
 
     eprintln!("== [{n}] attaching {n} tunnels");
     let t0 = Instant::now();
-    for (r, t) in running.iter_mut().zip(tunnels) {
+    // NB: 1,000 agents a second start their tunnel (as a fleet rolled out), not all at once.
+    for (i, (r, t)) in running.iter_mut().zip(tunnels).enumerate() {
         r.tunnel = Some(tokio::spawn(t));
+        if i % 10 == 9 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
     loop {
         if tunnels_at(&leader.controller).await >= n as f64 && transitions.count("TunnelAlive") >= n {

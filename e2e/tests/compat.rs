@@ -85,7 +85,6 @@ async fn compat() {
                 == Some(member_version.as_str())
     })
     .await;
-    let since = k8s_openapi::jiff::Timestamp::now();
 
     step(start, "the agent shows the leader's verdict on its version");
     eventually(
@@ -106,12 +105,23 @@ async fn compat() {
     )
     .await;
 
-    step(start, "it heartbeats");
-    eventually("a newer heartbeat", Duration::from_secs(30), || async {
-        if fleet::renewed_after(&leader.admin, "compat-member", since).await {
-            Ok(())
-        } else {
-            Err("no newer heartbeat")
+    step(
+        start,
+        "it is alive on its tunnel, and renewed its heartbeat Lease",
+    );
+    wait_mc(&leader.admin, "compat-member", "Ready=True/TunnelAlive", |mc| {
+        mc.status
+            .as_ref()
+            .and_then(|s| {
+                tether_api::conditions::find(&s.conditions, tether_api::conditions::ConditionType::Ready)
+            })
+            .is_some_and(|c| c.status == "True" && c.reason == "TunnelAlive")
+    })
+    .await;
+    eventually("a heartbeat Lease renewal", Duration::from_secs(30), || async {
+        match fleet::heartbeat_time(&leader.admin, "compat-member").await {
+            Some(_) => Ok(()),
+            None => Err("never renewed"),
         }
     })
     .await;

@@ -500,6 +500,35 @@ async fn a_compromised_leader_cannot_reach_beyond_its_members_namespaces() {
             .map(drop),
     )
     .unwrap();
+    // Its ClusterRole may write Leases anywhere (members' heartbeat Leases live in namespaces
+    // made at approval); the policy keeps it off every other Lease, e.g. a control-plane
+    // component's leader election.
+    let victim: Lease = serde_json::from_value(json!({"metadata": {"name": "kube-scheduler"},
+        "spec": {"holderIdentity": "scheduler-a"}}))
+    .expect("lease");
+    Api::<Lease>::namespaced(l.admin.clone(), "kube-system")
+        .create(&pp, &victim)
+        .await
+        .expect("a control-plane Lease");
+    let leases = Api::<Lease>::namespaced(pod.clone(), "kube-system");
+    refused(
+        "taking over a control-plane component's Lease",
+        leases
+            .patch(
+                "kube-scheduler",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"holderIdentity": "tether-leader"}})),
+            )
+            .await
+            .map(drop),
+    )
+    .unwrap();
+    let decoy: Lease = serde_json::from_value(json!({"metadata": {"name": "decoy"}})).expect("lease");
+    refused(
+        "a Lease in kube-system",
+        leases.create(&pp, &decoy).await.map(drop),
+    )
+    .unwrap();
     let namespaces = Api::<Namespace>::all(pod.clone());
     // NB: the API server itself never deletes `default` (NamespaceLifecycle); a team's namespace
     // is what the policy keeps.

@@ -92,8 +92,8 @@ struct Sight {
 struct Tunnels {
     seen: HashMap<String, TunnelSeen>,
     attached: usize,
-    /// Recent closes, for spotting a mass close.
-    recent: VecDeque<Instant>,
+    /// Recent closes and whose, for spotting a mass close.
+    recent: VecDeque<(Instant, String)>,
     /// Until when closes count as part of a mass close.
     mass_until: Option<Instant>,
     /// When this replica's leadership term began.
@@ -247,15 +247,18 @@ impl Tracker {
         while t
             .recent
             .front()
-            .is_some_and(|c| now.saturating_duration_since(*c) > MASS_WINDOW)
+            .is_some_and(|(c, _)| now.saturating_duration_since(*c) > MASS_WINDOW)
         {
             t.recent.pop_front();
         }
-        t.recent.push_back(now);
+        t.recent.push_back((now, key.to_string()));
+        // NB: members, not closes: one member that closes its own tunnel over and over must not
+        // buy every other member the mass close's grace.
+        let members: std::collections::HashSet<&str> = t.recent.iter().map(|(_, k)| k.as_str()).collect();
         let threshold = MASS_MIN.max((open_before as f64 * MASS_SHARE).ceil() as usize);
-        if t.recent.len() >= threshold {
+        if members.len() >= threshold {
             // NB: the closes already in the window are part of it too.
-            let first = t.recent.front().copied().unwrap_or(now);
+            let first = t.recent.front().map_or(now, |(at, _)| *at);
             t.mass_until = Some(first.max(t.mass_until.unwrap_or(first)).max(now) + MASS_GRACE);
         }
     }
@@ -712,6 +715,13 @@ mod tests {
         assert_eq!(t.tunnel("ns/m2", later).1, Some(later + MASS_GRACE));
         // The lone close a minute before is not part of it.
         assert_eq!(t.tunnel("ns/m0", later).1, None);
+        // One member closing its own tunnel again and again is no mass close.
+        let churn = later + Duration::from_secs(120);
+        for i in 0..5 {
+            t.tunnel_attached("ns/m9");
+            t.tunnel_closed("ns/m9", churn + Duration::from_millis(i * 100), false);
+        }
+        assert_eq!(t.tunnel("ns/m9", churn + Duration::from_secs(1)).1, None);
         assert_eq!(t.tunnel("ns/m3", later), (Tunnel::Attached, None));
     }
 

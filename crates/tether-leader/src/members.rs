@@ -350,12 +350,22 @@ async fn ensure_lease(
     if current.as_ref() == Some(&wanted) {
         return Ok(());
     }
-    crate::write::apply(
-        ctx,
-        &Api::<Lease>::namespaced(ctx.client.clone(), &namespace),
-        &want,
-    )
-    .await
+    let api = Api::<Lease>::namespaced(ctx.client.clone(), &namespace);
+    // NB: a member approved a moment ago has its Lease already, made with the rest of its
+    // objects; the Lease watch may not have delivered it yet. A read is cheaper than a write.
+    if current.is_none()
+        && let Ok(Some(found)) = api.get_opt(&mc.name_any()).await
+    {
+        let a = found.annotations();
+        let fresh = (
+            found.spec.as_ref().and_then(|s| s.lease_duration_seconds),
+            crate::provision::LEASE_ANNOTATIONS.map(|k| a.get(k).cloned()),
+        );
+        if fresh == wanted {
+            return Ok(());
+        }
+    }
+    crate::write::apply(ctx, &api, &want).await
 }
 
 /// The ManagedCluster an announce or heartbeat Lease belongs to (same namespace and name).
