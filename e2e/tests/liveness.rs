@@ -83,11 +83,16 @@ async fn never_unknown(admin: &Client, names: &[&str], window: Duration, what: &
     while start.elapsed() < window {
         for name in names {
             // NB: a read can fail while the leader's own API server is away; only what it says counts.
-            if let Ok((status, reason)) = ready(admin, name).await {
-                assert_eq!(
-                    status,
-                    "True",
-                    "{what}: {name} was marked {status} ({reason}) {:.1?} in",
+            if let Ok((status, reason)) = ready(admin, name).await
+                && status != "True"
+            {
+                let conditions = managed(admin, name)
+                    .await
+                    .ok()
+                    .and_then(|mc| mc.status)
+                    .map(|s| s.conditions);
+                panic!(
+                    "{what}: {name} was marked {status} ({reason}) {:.1?} in; its conditions: {conditions:#?}",
                     start.elapsed()
                 );
             }

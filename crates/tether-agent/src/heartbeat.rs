@@ -201,13 +201,24 @@ pub(crate) async fn run(
         let now = Timestamp::now();
         let result = match target {
             Target::Lease => match renew(&Api::namespaced(leader.clone(), ns), name, now).await {
-                Err(e) if no_lease(&e) => {
-                    info!(error = %e, "No heartbeat Lease on the leader (a leader from before them); renewing the announce");
-                    target = Target::Announce {
-                        since: Instant::now(),
-                    };
-                    continue;
-                }
+                // NB: a leader from before Leases has none (404) or gave no right to it (403);
+                // but a 403 is also what an API server whose RBAC cache is still cold (just
+                // restarted) answers for a while. Only when the announce can be renewed
+                // instead is it the former.
+                Err(e) if no_lease(&e) => match beat(&Api::namespaced(leader, ns), name, now).await {
+                    Ok(alone) => {
+                        info!(error = %e, "No heartbeat Lease on the leader (a leader from before them); renewing the announce");
+                        target = Target::Announce {
+                            since: Instant::now(),
+                        };
+                        Ok(Intervals {
+                            alone,
+                            tunneled: alone,
+                            ..intervals
+                        })
+                    }
+                    Err(_) => Err(e),
+                },
                 r => r,
             },
             Target::Announce { since } => {

@@ -406,7 +406,16 @@ pub fn judge(s: Signals, t: Timings) -> Verdict {
     };
     match s.tunnel {
         Tunnel::Attached => by_heartbeat(t.tunnel_grace, Reason::TunnelAlive),
-        Tunnel::Unseen => absent(by_heartbeat(t.grace, Reason::HeartbeatReceived)),
+        // NB: in a new term's grace, a member that had a tunnel is left as it is even with a
+        // fresh heartbeat: judged by it now, it would turn HeartbeatReceived and TunnelConnected
+        // False, only to turn back when its agent re-attaches (two writes per member at a
+        // failover, and a lost grace for the next look).
+        Tunnel::Unseen => match s.settling {
+            Some(left) => Verdict::Hold {
+                recheck: left + SLACK,
+            },
+            None => by_heartbeat(t.grace, Reason::HeartbeatReceived),
+        },
         // NB: the agent renews its Lease at the short interval once it lost its tunnel; a
         // renewal since the close means it lives and only its tunnel path does not.
         Tunnel::Closed { ago, .. } if age < ago => by_heartbeat(t.grace, Reason::HeartbeatReceived),
@@ -622,9 +631,9 @@ mod tests {
                 hold(31),
             ),
             (
-                "fresh in a new term: judged",
+                "fresh in a new term: held too",
                 signals(3, true, Tunnel::Unseen, Some(30)),
-                ready(HeartbeatReceived, 38),
+                hold(31),
             ),
             // An attached tunnel: alive, with the Lease at the long grace as the backstop.
             (

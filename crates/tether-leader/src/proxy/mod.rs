@@ -226,12 +226,23 @@ async fn withdraw(ctx: &Context, ours: impl Fn(&DynamicObject) -> bool) {
 /// now, so it goes until this replica serves again.
 async fn withdraw_stale(ctx: &Context, opts: &ProxyOptions) {
     let slices = Api::<EndpointSlice>::namespaced(ctx.client.clone(), &opts.namespace);
+    // NB: the address and the port: two replicas may share an address (host networking, or
+    // the tests' lab), and a standby must not withdraw what the serving replica registered.
     let points_here = match slices.get_opt(&opts.service).await {
-        Ok(Some(slice)) => slice.endpoints.iter().any(|e| {
-            e.addresses
-                .iter()
-                .any(|a| a.parse::<IpAddr>().ok() == Some(opts.advertise))
-        }),
+        Ok(Some(slice)) => {
+            let port_matches = opts.addr.port() == 0
+                || slice
+                    .ports
+                    .iter()
+                    .flatten()
+                    .any(|p| p.port == Some(i32::from(opts.addr.port())));
+            port_matches
+                && slice.endpoints.iter().any(|e| {
+                    e.addresses
+                        .iter()
+                        .any(|a| a.parse::<IpAddr>().ok() == Some(opts.advertise))
+                })
+        }
         _ => false,
     };
     if points_here {
