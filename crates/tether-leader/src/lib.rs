@@ -263,6 +263,31 @@ fn slim<K: kube::Resource>(o: &mut K) {
     o.meta_mut().managed_fields = None;
 }
 
+/// Of a member's heartbeat Lease only what the leader reads: its name, namespace, renewal,
+/// duration and the interval annotations it sets (each at most `MAX_LEASE_ANNOTATION` bytes).
+/// NB: the agent may patch its own Lease as it likes (labels, annotations, holder); what it
+/// adds there must not grow the leader's cache.
+pub(crate) fn slim_lease(lease: &mut k8s_openapi::api::coordination::v1::Lease) {
+    const MAX_LEASE_ANNOTATION: usize = 32;
+    let meta = &mut lease.metadata;
+    meta.managed_fields = None;
+    meta.labels = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.retain(|k, v| {
+            crate::provision::LEASE_ANNOTATIONS.contains(&k.as_str()) && v.len() <= MAX_LEASE_ANNOTATION
+        });
+    }
+    if let Some(spec) = lease.spec.as_mut() {
+        *spec = k8s_openapi::api::coordination::v1::LeaseSpec {
+            renew_time: spec.renew_time.take(),
+            lease_duration_seconds: spec.lease_duration_seconds,
+            ..Default::default()
+        };
+    }
+}
+
 /// As `slim`; of a ManagedCluster's status only the Ready condition is kept: the capacity,
 /// nodes and versions the agent reports are for users, and no leader controller reads them.
 fn slim_cluster(mc: &mut ManagedCluster) {
@@ -288,6 +313,35 @@ fn slim_cluster(mc: &mut ManagedCluster) {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+
+    #[test]
+    fn a_cached_lease_keeps_only_what_the_leader_reads() {
+        use k8s_openapi::api::coordination::v1::Lease;
+        let mut lease: Lease = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "east", "namespace": "ns",
+                "labels": {"multicluster.tether.dev/clusterset": "prod", "junk": "x"},
+                "annotations": {
+                    tether_api::annotations::HEARTBEAT_INTERVAL: "10",
+                    tether_api::annotations::TUNNEL_PING_INTERVAL: "5".repeat(64),
+                    "junk": "y".repeat(100_000)}},
+            "spec": {"holderIdentity": "h".repeat(100_000), "leaseDurationSeconds": 40,
+                     "renewTime": "2026-12-04T10:00:00.000000Z"}}))
+        .expect("lease");
+        super::slim_lease(&mut lease);
+        let a = lease.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(a.len(), 1, "only the intervals, and none oversized: {a:?}");
+        assert_eq!(
+            a.get(tether_api::annotations::HEARTBEAT_INTERVAL)
+                .map(String::as_str),
+            Some("10")
+        );
+        assert!(lease.metadata.labels.is_none());
+        let spec = lease.spec.expect("spec");
+        assert!(spec.holder_identity.is_none());
+        assert_eq!(spec.lease_duration_seconds, Some(40));
+        assert!(spec.renew_time.is_some());
+        assert_eq!(lease.metadata.name.as_deref(), Some("east"));
+    }
 
     use super::Context;
 

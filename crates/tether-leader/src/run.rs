@@ -70,11 +70,12 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         1,
         Some(announce_sight),
     );
-    // Heartbeat Leases: the member controller's trigger (a renewal).
+    // Heartbeat Leases: the member controller's trigger (a renewal). Cached as `slim_lease`
+    // leaves them: the agent may write anything into its own Lease.
     let mut leases = streams::watch(
         Api::<Lease>::all(client.clone()),
         members_only,
-        slim,
+        crate::slim_lease,
         1,
         Some(sight),
     );

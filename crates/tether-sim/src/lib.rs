@@ -424,16 +424,21 @@ impl Member {
             Default::default(),
             self.reach.metrics.clone(),
         );
-        let at = tether_agent::tunnel::Attach {
-            set: set.to_string(),
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-            key: self.key.clone(),
-        };
+        let at = self.attach(set);
         let link = self.link.clone();
         async move {
             let _ = tether_agent::tunnel::run(rx, access, at, &link).await;
             link.set_attached(false);
+        }
+    }
+
+    /// Who the member is at the leader's `attach`, in set `set`.
+    fn attach(&self, set: &str) -> tether_agent::tunnel::Attach {
+        tether_agent::tunnel::Attach {
+            set: set.to_string(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            key: self.key.clone(),
         }
     }
 
@@ -444,12 +449,7 @@ impl Member {
         &self,
         set: &str,
     ) -> impl std::future::Future<Output = Result<Box<dyn std::any::Any + Send>, Error>> + Send + use<> {
-        let at = tether_agent::tunnel::Attach {
-            set: set.to_string(),
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-            key: self.key.clone(),
-        };
+        let at = self.attach(set);
         let client = self.client.subscribe();
         async move {
             let client = client.borrow().clone();

@@ -112,7 +112,7 @@ fn api(op: &'static str) -> impl FnOnce(kube::Error) -> ProxyError {
 pub async fn run(ctx: Arc<Context>, opts: ProxyOptions, shutdown: CancellationToken) {
     let (tx, rx) = mpsc::unbounded_channel();
     let tunnels = Arc::new(Tunnels::new(tx));
-    tokio::spawn(conditions(ctx.clone(), tunnels.clone(), rx));
+    tokio::spawn(follow_tunnels(ctx.clone(), tunnels.clone(), rx));
     let mut leader = ctx.leader.clone();
     let mut nonce = [0u8; 8];
     rand::RngCore::fill_bytes(&mut rand::rng(), &mut nonce);
@@ -452,7 +452,7 @@ fn apiservice_resource() -> ApiResource {
 /// looked at again: its Ready and TunnelConnected conditions follow its tunnel from there
 /// (`members.rs`), so a tunnel that closes and attaches again within the detection time writes
 /// nothing.
-async fn conditions(ctx: Arc<Context>, tunnels: Arc<Tunnels>, mut rx: mpsc::UnboundedReceiver<Change>) {
+async fn follow_tunnels(ctx: Arc<Context>, tunnels: Arc<Tunnels>, mut rx: mpsc::UnboundedReceiver<Change>) {
     while let Some(change) = rx.recv().await {
         ctx.metrics.set_tunnels(tunnels.len());
         if !*ctx.leader.borrow() {
