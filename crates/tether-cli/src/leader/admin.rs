@@ -127,13 +127,15 @@ async fn remove_members(client: &kube::Client, ns: &str, selector: &str) -> anyh
     let namespaces = Api::<Namespace>::all(client.clone());
     for mc in Api::<ManagedCluster>::all(client.clone()).list(&lp).await?.items {
         let member_ns = mc.namespace().unwrap_or_default();
-        Api::<ManagedCluster>::namespaced(client.clone(), &member_ns)
-            .delete(&mc.name_any(), &DeleteParams::default())
-            .await?;
+        super::delete(
+            &Api::<ManagedCluster>::namespaced(client.clone(), &member_ns),
+            &mc.name_any(),
+        )
+        .await?;
         if let Some(n) = namespaces.get_opt(&member_ns).await?
             && n.labels().get(tether_api::labels::MANAGED_BY).map(String::as_str) == Some("tether-leader")
         {
-            namespaces.delete(&member_ns, &DeleteParams::default()).await?;
+            super::delete(&namespaces, &member_ns).await?;
         }
     }
     Api::<ClusterRegistrationRequest>::namespaced(client.clone(), ns)

@@ -5,7 +5,7 @@
 use anyhow::{Context as _, bail};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde::Serialize;
 use serde_json::json;
 use tether_api::registration::RegistrationResult;
@@ -113,12 +113,14 @@ async fn remove(target: &Target, name: &str, clusterset: Option<&str>, ban: bool
     let requests = Api::<ClusterRegistrationRequest>::namespaced(client.clone(), ns);
     for req in requests.list(&ListParams::default()).await?.items {
         if req.spec.cluster_id == id {
-            requests.delete(&req.name_any(), &DeleteParams::default()).await?;
+            super::delete(&requests, &req.name_any()).await?;
         }
     }
-    Api::<ManagedCluster>::namespaced(client.clone(), &member_ns)
-        .delete(name, &DeleteParams::default())
-        .await?;
+    super::delete(
+        &Api::<ManagedCluster>::namespaced(client.clone(), &member_ns),
+        name,
+    )
+    .await?;
     // NB: only a namespace the leader made for this very member.
     let namespaces = Api::<Namespace>::all(client);
     if let Some(n) = namespaces.get_opt(&member_ns).await? {
@@ -126,7 +128,7 @@ async fn remove(target: &Target, name: &str, clusterset: Option<&str>, ban: bool
         let made = l.get(labels::MANAGED_BY).map(String::as_str) == Some("tether-leader")
             && l.get(labels::CLUSTER_NAME).map(String::as_str) == Some(name);
         if made {
-            namespaces.delete(&member_ns, &DeleteParams::default()).await?;
+            super::delete(&namespaces, &member_ns).await?;
         } else {
             eprintln!("namespace {member_ns} was not made by the leader for {name}: left in place");
         }

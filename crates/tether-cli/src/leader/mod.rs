@@ -206,6 +206,18 @@ pub(crate) async fn pick_set(
     }
 }
 
+/// Deletes `name`; one already gone (the leader or another admin got there first) is done.
+async fn delete<K>(api: &Api<K>, name: &str) -> anyhow::Result<()>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &kube::api::DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("cannot delete {} {name}", K::kind(&()))),
+    }
+}
+
 async fn apply<K>(api: &Api<K>, obj: &K) -> anyhow::Result<()>
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
