@@ -82,9 +82,9 @@ bench-costs: tools ## Benchmark: API server cost of a Lease heartbeat vs the ann
 bench-leader: tools ## Benchmark: request→Approved p50/p99 and leader writes per registration (N=200)
 	$(CARGO) run --locked --release -q -p tether-e2e --example approval_bench -- 200 10
 
-bench-agent: tools ## Benchmark: agent RSS/CPU at idle with 100 nodes, writes per minute
-	$(CARGO) build --locked --release -p tether-controller
-	TETHER_BIN_DIR=$(CURDIR)/target/release $(CARGO) run --locked --release -q -p tether-e2e --example agent_bench
+bench-agent: tools ## Benchmark: the agent (the image's musl binary) on a member with N nodes (5000) at idle and under CHURN node status writes/s (100): RSS, CPU, writes by kind
+	@bash e2e/image.sh
+	TETHER_BIN_DIR=$(CURDIR)/target/$(IMAGE_RUST_TARGET)/release $(CARGO) run --locked --release -q -p tether-e2e --example agent_bench -- $(or $(N),5000) $(or $(CHURN),100)
 
 clean-tools: ## Remove .tools (the version-keyed cache in ~/.cache/tether stays)
 	rm -rf .tools

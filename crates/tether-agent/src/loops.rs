@@ -4,6 +4,7 @@
 //! ends the loop so the session registers again; refusals that may be caches settling are
 //! retried for a bounded time (`tether_join::settle`).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,7 +24,7 @@ use tracing::{info, warn};
 
 use crate::Error;
 use crate::endpoint::LeaderEndpoint;
-use crate::report::{Report, summarize, worth_writing};
+use crate::report::{Report, node_fingerprint, summarize, trim_node, worth_writing};
 use crate::session::{Shared, expiry, update};
 use crate::state::{self, Stored};
 use crate::view::time;
@@ -54,17 +55,23 @@ pub(crate) async fn report(
     let member = sh.ctx.client.clone();
     let (nodes, writer) = reflector::store::<Node>();
     let changed = Arc::new(Notify::new());
-    let notify = changed.clone();
     let stream = reflector::reflector(
         writer,
-        watcher(Api::<Node>::all(member.clone()), watcher::Config::default()),
+        watcher(Api::<Node>::all(member.clone()), watcher::Config::default()).modify(trim_node),
     )
     .default_backoff()
-    .touched_objects()
-    .for_each(move |_| {
-        notify.notify_one();
-        async {}
-    });
+    .scan(NodeChanges::default(), {
+        let changed = changed.clone();
+        move |seen, event| {
+            if let Ok(event) = event
+                && seen.changed(&event)
+            {
+                changed.notify_one();
+            }
+            futures::future::ready(Some(()))
+        }
+    })
+    .for_each(|_| async {});
     let drive = tokio::spawn(stream);
     let _stop = AbortOnDrop(drive);
     let _ = nodes.wait_until_ready().await;
@@ -84,8 +91,14 @@ pub(crate) async fn report(
     let mut verdict_reads = VERDICT_READS;
     let mut forbidden = Settle::forbidden();
     let mut last_write = Instant::now();
+    let mut probed = probe(&member).await;
+    let mut probed_at = Instant::now();
     loop {
-        let next = observe(&member, &nodes).await;
+        if probed_at.elapsed() >= HEALTH_EVERY {
+            probed = probe(&member).await;
+            probed_at = Instant::now();
+        }
+        let next = report_of(&nodes, &probed);
         let full = last_write.elapsed() >= FULL_REFRESH;
         if worth_writing(last.as_ref(), &next) || full {
             let api = Api::<ManagedCluster>::namespaced(client.borrow().clone(), ns);
@@ -157,26 +170,78 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Builds a report from the node cache and the member API server's version and health.
-async fn observe(member: &Client, nodes: &reflector::Store<Node>) -> Report {
-    let state = nodes.state();
-    let (counts, capacity, allocatable) = summarize(state.iter().map(|n| n.as_ref()));
+/// What the agent learns of the member API server itself, every `HEALTH_EVERY`.
+struct Probed {
+    version: Option<k8s_openapi::apimachinery::pkg::version::Info>,
+    health: tether_api::managedcluster::ApiServerHealth,
+}
+
+/// The member API server's version and health (`/livez`, `/readyz`).
+async fn probe(member: &Client) -> Probed {
     let version = member.apiserver_version().await.ok();
-    let probe = |path: &'static str| async move {
+    let get = |path: &'static str| async move {
         let req = http::Request::get(path).body(vec![]);
         match req {
             Ok(r) => member.request_text(r).await.is_ok(),
             Err(_) => false,
         }
     };
-    let (livez, readyz) = futures::join!(probe("/livez"), probe("/readyz"));
+    let (livez, readyz) = futures::join!(get("/livez"), get("/readyz"));
+    Probed {
+        version,
+        health: tether_api::managedcluster::ApiServerHealth { livez, readyz },
+    }
+}
+
+/// A report from the node cache and the last probe.
+fn report_of(nodes: &reflector::Store<Node>, probed: &Probed) -> Report {
+    let state = nodes.state();
+    let (counts, capacity, allocatable) = summarize(state.iter().map(|n| n.as_ref()));
     Report {
         nodes: counts,
         capacity,
         allocatable,
-        kubernetes_version: version.as_ref().map(|v| v.git_version.clone()),
-        platform: version.map(|v| v.platform),
-        health: tether_api::managedcluster::ApiServerHealth { livez, readyz },
+        kubernetes_version: probed.version.as_ref().map(|v| v.git_version.clone()),
+        platform: probed.version.as_ref().map(|v| v.platform.clone()),
+        health: probed.health.clone(),
+    }
+}
+
+/// Which node watch events change a report: a node's arrival or departure, a (re)list, or an
+/// update whose trimmed form differs (`node_fingerprint`). Kubelets rewrite their Node every few
+/// seconds; those updates wake nothing.
+#[derive(Default)]
+struct NodeChanges {
+    seen: HashMap<String, u64>,
+    listing: Option<HashMap<String, u64>>,
+}
+
+impl NodeChanges {
+    fn changed(&mut self, event: &watcher::Event<Node>) -> bool {
+        let name = |n: &Node| n.metadata.name.clone().unwrap_or_default();
+        match event {
+            watcher::Event::Init => {
+                self.listing = Some(HashMap::new());
+                false
+            }
+            watcher::Event::InitApply(n) => {
+                if let Some(l) = self.listing.as_mut() {
+                    l.insert(name(n), node_fingerprint(n));
+                }
+                false
+            }
+            watcher::Event::InitDone => {
+                self.seen = self.listing.take().unwrap_or_default();
+                true
+            }
+            watcher::Event::Apply(n) => {
+                self.seen.insert(name(n), node_fingerprint(n)) != Some(node_fingerprint(n))
+            }
+            watcher::Event::Delete(n) => {
+                self.seen.remove(&name(n));
+                true
+            }
+        }
     }
 }
 
@@ -267,6 +332,45 @@ mod tests {
             },
             ttl_seconds,
         }
+    }
+
+    fn node(name: &str, ready: &str, resource_version: &str) -> Node {
+        let mut n = Node::default();
+        n.metadata.name = Some(name.into());
+        n.metadata.resource_version = Some(resource_version.into());
+        n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+            conditions: Some(vec![k8s_openapi::api::core::v1::NodeCondition {
+                type_: "Ready".into(),
+                status: ready.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        n
+    }
+
+    #[test]
+    fn only_node_events_that_change_a_report_wake_the_reporter() {
+        use watcher::Event::*;
+        let mut c = NodeChanges::default();
+        assert!(!c.changed(&Init));
+        assert!(!c.changed(&InitApply(node("a", "True", "1"))));
+        assert!(!c.changed(&InitApply(node("b", "True", "1"))));
+        assert!(c.changed(&InitDone), "the first list is a change");
+        assert!(!c.changed(&Apply(node("a", "True", "2"))), "a kubelet heartbeat");
+        assert!(
+            c.changed(&Apply(node("a", "False", "3"))),
+            "a node going NotReady"
+        );
+        assert!(c.changed(&Apply(node("c", "True", "1"))), "a new node");
+        assert!(c.changed(&Delete(node("b", "True", "1"))), "a node gone");
+        assert!(c.changed(&Apply(node("b", "True", "4"))), "and back");
+        // A relist (e.g. after a watch expired) is a change, and starts from what it listed.
+        assert!(!c.changed(&Init));
+        assert!(!c.changed(&InitApply(node("a", "False", "5"))));
+        assert!(c.changed(&InitDone));
+        assert_eq!(c.seen.len(), 1);
+        assert!(!c.changed(&Apply(node("a", "False", "6"))));
     }
 
     #[test]

@@ -85,6 +85,64 @@ fn to_quantities(sum: BTreeMap<&str, ParsedQuantity>) -> BTreeMap<String, Quanti
         .collect()
 }
 
+/// Of a Node only what `summarize` reads: its name, its Ready condition's status (no times, no
+/// message) and the summed resources of its capacity and allocatable. The node cache holds one
+/// per node of the member, and kubelets rewrite the rest (heartbeat times, images, volumes)
+/// every few seconds.
+pub fn trim_node(node: &mut Node) {
+    let meta = &mut node.metadata;
+    *meta = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        name: meta.name.take(),
+        namespace: meta.namespace.take(),
+        ..Default::default()
+    };
+    node.spec = None;
+    if let Some(status) = node.status.take() {
+        let keep = |m: Option<BTreeMap<String, Quantity>>| {
+            m.map(|m| {
+                m.into_iter()
+                    .filter(|(k, _)| RESOURCES.contains(&k.as_str()))
+                    .collect::<BTreeMap<_, _>>()
+            })
+        };
+        let ready = status
+            .conditions
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| k8s_openapi::api::core::v1::NodeCondition {
+                type_: c.type_,
+                status: c.status,
+                ..Default::default()
+            });
+        node.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+            conditions: ready.map(|c| vec![c]),
+            capacity: keep(status.capacity),
+            allocatable: keep(status.allocatable),
+            ..Default::default()
+        });
+    }
+}
+
+/// A fingerprint of what `summarize` reads of a trimmed node: equal fingerprints mean an update
+/// that changes no report (a kubelet's heartbeat), so nothing needs recounting.
+pub fn node_fingerprint(node: &Node) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    if let Some(s) = node.status.as_ref() {
+        for c in s.conditions.iter().flatten() {
+            (&c.type_, &c.status).hash(&mut h);
+        }
+        for m in [&s.capacity, &s.allocatable] {
+            0u8.hash(&mut h);
+            for (k, v) in m.iter().flatten() {
+                (k, &v.0).hash(&mut h);
+            }
+        }
+    }
+    h.finish()
+}
+
 /// Whether `next` differs enough from the last written report to be written.
 pub fn worth_writing(last: Option<&Report>, next: &Report) -> bool {
     let Some(last) = last else { return true };
@@ -237,6 +295,81 @@ mod tests {
             !capacity.contains_key("hugepages-2Mi"),
             "only the summed resources"
         );
+    }
+
+    /// A node as a kubelet writes it: heartbeat times, images, addresses, labels, other conditions.
+    fn kubelet_node(name: &str, ready: &str, beat: i64) -> Node {
+        use k8s_openapi::api::core::v1::{ContainerImage, NodeAddress};
+        let mut n = node(Some(ready), "8", "32Gi", "31Gi");
+        n.metadata.name = Some(name.into());
+        n.metadata.labels = Some([("kubernetes.io/hostname".to_string(), name.to_string())].into());
+        n.metadata.resource_version = Some(beat.to_string());
+        let st = n.status.as_mut().expect("status");
+        let at = Time(Timestamp::from_second(beat).expect("time"));
+        let cs = st.conditions.as_mut().expect("conditions");
+        cs[0].last_heartbeat_time = Some(at.clone());
+        cs[0].message = Some(format!("kubelet is posting ready status {beat}"));
+        cs.push(NodeCondition {
+            type_: "MemoryPressure".into(),
+            status: "False".into(),
+            last_heartbeat_time: Some(at),
+            ..NodeCondition::default()
+        });
+        st.images = Some(
+            (0..50)
+                .map(|i| ContainerImage {
+                    names: Some(vec![format!("registry.example/app-{i}@sha256:{beat:064}")]),
+                    size_bytes: Some(1 << 20),
+                })
+                .collect(),
+        );
+        st.addresses = Some(vec![NodeAddress {
+            type_: "InternalIP".into(),
+            address: "10.0.0.1".into(),
+        }]);
+        n
+    }
+
+    #[test]
+    fn a_trimmed_node_counts_the_same_and_a_heartbeat_does_not_change_its_fingerprint() {
+        let full = [kubelet_node("a", "True", 10), kubelet_node("b", "False", 10)];
+        let mut trimmed = full.clone();
+        trimmed.iter_mut().for_each(trim_node);
+        assert_eq!(summarize(full.iter()), summarize(trimmed.iter()));
+        let t = &trimmed[0];
+        assert_eq!(t.metadata.name.as_deref(), Some("a"));
+        assert!(t.metadata.labels.is_none() && t.metadata.resource_version.is_none());
+        let st = t.status.as_ref().expect("status");
+        assert!(st.images.is_none() && st.addresses.is_none());
+        assert_eq!(st.conditions.as_ref().map(Vec::len), Some(1));
+        assert!(
+            st.capacity
+                .as_ref()
+                .is_some_and(|c| !c.contains_key("hugepages-2Mi"))
+        );
+        let small = serde_json::to_vec(t).expect("json").len();
+        let large = serde_json::to_vec(&full[0]).expect("json").len();
+        assert!(small * 10 < large, "trimmed {small} bytes of {large}");
+
+        let mut beat = kubelet_node("a", "True", 20);
+        trim_node(&mut beat);
+        assert_eq!(
+            node_fingerprint(&beat),
+            node_fingerprint(t),
+            "a heartbeat changes nothing"
+        );
+        let mut down = kubelet_node("a", "False", 20);
+        trim_node(&mut down);
+        assert_ne!(node_fingerprint(&down), node_fingerprint(t), "readiness does");
+        let mut bigger = kubelet_node("a", "True", 20);
+        bigger
+            .status
+            .as_mut()
+            .and_then(|s| s.allocatable.as_mut())
+            .expect("alloc")
+            .insert("pods".into(), Quantity("250".into()));
+        trim_node(&mut bigger);
+        assert_ne!(node_fingerprint(&bigger), node_fingerprint(t), "allocatable does");
     }
 
     #[test]
