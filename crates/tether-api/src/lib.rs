@@ -129,6 +129,9 @@ pub mod agent_secrets {
 pub mod annotations {
     /// On a ManagedCluster: the public key the member registered with (to recognise re-registration).
     pub const PUBLIC_KEY: &str = "multicluster.tether.dev/public-key";
+    /// On a ManagedCluster: the agent version its registration request carried, so the leader
+    /// judges the version skew from the first status write on, before the agent's first report.
+    pub const REGISTERED_AGENT_VERSION: &str = "multicluster.tether.dev/registered-agent-version";
     /// On a Leader ClusterSet: `"true"` lets its deletion remove every remaining member
     /// (`tether destroy --force`).
     pub const FORCE_DELETE: &str = "multicluster.tether.dev/force-delete";

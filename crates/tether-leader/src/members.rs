@@ -138,7 +138,17 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
     });
     let ready_changed =
         current.map(|c| (c.status.as_str(), c.reason.as_str())) != Some((status.as_str(), reason.as_str()));
-    let agent_version = mc.status.as_ref().and_then(|s| s.agent_version.as_deref());
+    // NB: before the agent's first report, the version it registered with: the first status
+    // write then carries the verdict, and no second write follows the report.
+    let agent_version = mc
+        .status
+        .as_ref()
+        .and_then(|s| s.agent_version.as_deref())
+        .or_else(|| {
+            mc.annotations()
+                .get(tether_api::annotations::REGISTERED_AGENT_VERSION)
+                .map(String::as_str)
+        });
     let (skew_status, skew_reason, skew_message) =
         crate::skew::judge(crate::skew::LEADER_VERSION, agent_version);
     let skew_now = tether_api::conditions::find(previous, ConditionType::AgentVersionSupported);

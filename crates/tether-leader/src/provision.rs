@@ -242,11 +242,13 @@ pub fn member_objects(
             cluster_set: set.name.clone(),
         },
     );
+    let mut mc_annotations =
+        BTreeMap::from([(annotations::PUBLIC_KEY.to_string(), req.spec.public_key.clone())]);
+    if let Some(v) = req.spec.agent_version.as_ref() {
+        mc_annotations.insert(annotations::REGISTERED_AGENT_VERSION.to_string(), v.clone());
+    }
     managed_cluster.metadata = ObjectMeta {
-        annotations: Some(BTreeMap::from([(
-            annotations::PUBLIC_KEY.to_string(),
-            req.spec.public_key.clone(),
-        )])),
+        annotations: Some(mc_annotations),
         labels: Some(requested_labels(req).chain(lbl.clone()).collect()),
         ..meta(name)
     };
@@ -327,6 +329,32 @@ mod tests {
         let mut expected = member_labels(&set, "east", "id-1");
         expected.insert("region".into(), "eu".into());
         assert_eq!(objs.managed_cluster.labels(), &expected);
+    }
+
+    #[test]
+    fn the_managed_cluster_carries_the_agent_version_it_registered_with() {
+        let spec = |v: Option<&str>| ClusterRegistrationRequestSpec {
+            cluster_id: "id-1".into(),
+            cluster_name: "east".into(),
+            public_key: "age1...".into(),
+            agent_version: v.map(String::from),
+            labels: BTreeMap::new(),
+        };
+        let set = SetRef::new("tether-system", "prod");
+        let version = |v| {
+            let req = ClusterRegistrationRequest::new("east-1", spec(v));
+            let objs = member_objects(&req, &set, "tether-prod-east", &LeaderSpec::default());
+            objs.managed_cluster
+                .annotations()
+                .get(annotations::REGISTERED_AGENT_VERSION)
+                .cloned()
+        };
+        assert_eq!(version(Some("0.2.0")).as_deref(), Some("0.2.0"));
+        assert_eq!(
+            version(None),
+            None,
+            "an agent that sent none: judged from its first report"
+        );
     }
 
     #[test]

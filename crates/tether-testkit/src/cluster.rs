@@ -250,7 +250,12 @@ impl TestCluster {
                 d.join("sa.key").display()
             ))
             .arg("--service-cluster-ip-range=10.0.0.0/24")
-            .args(["--allow-privileged=true", "--profiling=false"])
+            .arg("--allow-privileged=true")
+            // NB: `/debug/pprof` for a benchmark's profile (TETHER_TESTKIT_PROFILING=1); off otherwise.
+            .arg(format!(
+                "--profiling={}",
+                std::env::var_os("TETHER_TESTKIT_PROFILING").is_some_and(|v| v == "1")
+            ))
             .arg(format!("--v={}", opts.verbosity));
         // The aggregation layer, as kubeadm sets it up: a front-proxy CA of its own, and routing
         // to an APIService's endpoints (no kube-proxy runs beside these API servers).
