@@ -24,11 +24,13 @@ tools: ## Install the pinned control plane, node binaries, etcd, helm 4 and 3, k
 image: tools ## Build the image from the Dockerfile without a daemon or registry (target/images/tether.tar)
 	@bash e2e/image.sh
 
-generate: ## Regenerate config/crd from the Rust types
+generate: ## Regenerate config/crd from the Rust types and docs/metrics.md from the metric registries
 	$(CARGO) run --locked -q -p tether-api --example crdgen
+	$(CARGO) run --locked -q -p tether-controller --example metricsdoc
 
-check-generated: ## Fail if config/crd differs from what the Rust types generate
+check-generated: ## Fail if config/crd or docs/metrics.md differs from what the code generates
 	$(CARGO) run --locked -q -p tether-api --example crdgen -- --check
+	$(CARGO) run --locked -q -p tether-controller --example metricsdoc -- --check
 
 fmt: ## Format the code
 	$(CARGO) fmt --all

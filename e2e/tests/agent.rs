@@ -64,6 +64,36 @@ async fn agents_join_report_restart_recover_and_leave() {
         )
         .await;
     }
+    // Its metrics say which build runs, when its credential expires and when a heartbeat last
+    // reached the leader (docs/metrics.md).
+    let agent = east.agent.as_ref().expect("agent");
+    eventually(
+        "the agent's /metrics has its build, credential expiry and last heartbeat",
+        Duration::from_secs(20),
+        || async {
+            let (_, text) = agent.admin_get("/metrics").await.map_err(|e| e.to_string())?;
+            let value = |name: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<i64>().ok())
+            };
+            let now = k8s_openapi::jiff::Timestamp::now().as_second();
+            let expiry = value("tether_agent_credential_expiry_timestamp_seconds").unwrap_or(0);
+            let beat = value("tether_agent_last_heartbeat_timestamp_seconds").unwrap_or(0);
+            let build = text.lines().any(|l| {
+                l.starts_with("tether_build_info{version=\"")
+                    && l.contains(",commit=\"")
+                    && l.ends_with("} 1")
+            });
+            if build && expiry > now && (now - 30..=now + 1).contains(&beat) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "build {build}, expiry {expiry}, last heartbeat {beat}, now {now}"
+                ))
+            }
+        },
+    )
+    .await;
     let e = managed(&leader.admin, "east").await.expect("east");
     let st = e.status.clone().expect("status");
     assert_eq!(st.capacity["cpu"].0, "6", "{:?}", st.capacity);

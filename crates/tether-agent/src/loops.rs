@@ -285,6 +285,7 @@ pub(crate) async fn renew(
     client_tx: watch::Sender<Client>,
 ) -> Result<(), Error> {
     loop {
+        sh.ctx.metrics.set_credential_expiry(expiry(&stored));
         tokio::time::sleep(renewal_delay(&stored, Timestamp::now())).await;
         let api = Api::<ServiceAccount>::namespaced(client_tx.borrow().clone(), &stored.credential.namespace);
         match request_token(&api, &stored).await {

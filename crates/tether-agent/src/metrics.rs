@@ -26,6 +26,8 @@ pub struct Metrics {
     leader: Gauge,
     proxied: Family<ResultLabel, Counter>,
     attaches: Family<ResultLabel, Counter>,
+    credential_expiry: Gauge,
+    last_heartbeat: Gauge,
 }
 
 impl Default for Metrics {
@@ -41,15 +43,18 @@ impl Default for Metrics {
             leader: Gauge::default(),
             proxied: Family::default(),
             attaches: Family::default(),
+            credential_expiry: Gauge::default(),
+            last_heartbeat: Gauge::default(),
         };
         registry.register(
             "heartbeats",
-            "Announce renewals, by result (ok, failed)",
+            "Heartbeats (renewals of the member's Lease on the leader, or of its announce with a leader \
+             older than the Lease), by result (ok, failed)",
             m.heartbeats.clone(),
         );
         registry.register(
             "registrations",
-            "Registrations, by result",
+            "Registrations, by result (Approved, Rejoined, Failed)",
             m.registrations.clone(),
         );
         registry.register(
@@ -59,7 +64,7 @@ impl Default for Metrics {
         );
         registry.register(
             "credential_renewals",
-            "Credential renewals, by result",
+            "Credential renewals, by result (ok, failed)",
             m.renewals.clone(),
         );
         registry.register(
@@ -84,6 +89,17 @@ impl Default for Metrics {
              bad_challenge)",
             m.attaches.clone(),
         );
+        registry.register(
+            "credential_expiry_timestamp_seconds",
+            "When the credential the agent holds on the leader expires (Unix seconds; 0 before the \
+             first); it is renewed with a third of its lifetime left",
+            m.credential_expiry.clone(),
+        );
+        registry.register(
+            "last_heartbeat_timestamp_seconds",
+            "When a heartbeat last reached the leader (Unix seconds; 0 before the first)",
+            m.last_heartbeat.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             ..m
@@ -97,6 +113,30 @@ impl Metrics {
         let result = if ok { "ok" } else { "failed" };
         self.heartbeats.get_or_create(&ResultLabel { result }).inc();
         self.reachable.set(ok.into());
+        if ok {
+            self.last_heartbeat
+                .set(k8s_openapi::jiff::Timestamp::now().as_second());
+        }
+    }
+
+    /// Records when the credential held now expires.
+    pub fn set_credential_expiry(&self, at: Option<k8s_openapi::jiff::Timestamp>) {
+        self.credential_expiry.set(at.map_or(0, |t| t.as_second()));
+    }
+
+    /// One series of every family, labelled as the agent labels it: what docs/metrics.md is
+    /// generated from (`make generate`).
+    pub fn documented() -> Self {
+        let m = Self::default();
+        m.heartbeat(true);
+        m.registration("Approved");
+        m.status_write();
+        m.renewal(true);
+        m.proxied("ok");
+        m.attach("attached");
+        m.set_leader(true);
+        m.set_credential_expiry(None);
+        m
     }
 
     /// Counts a registration outcome.

@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use tracing::{error, info};
 
 pub mod heap;
+pub mod metricsdoc;
 
 /// The build's version and commit, for the start-up line and `--version`.
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TETHER_BUILD"), ")");
@@ -320,7 +321,7 @@ impl Plumbing {
         });
         let (ready, ready_rx) = watch::channel(false);
         let health = admin::Health {
-            metrics: Arc::new(move || heap::with_heap(encode())),
+            metrics: Arc::new(move || metricsdoc::with_build_info(heap::with_heap(encode()))),
             ready: ready_rx,
         };
         let (_, admin) = admin::start(process.admin_addr, health, shutdown.clone()).await?;

@@ -90,7 +90,7 @@ impl Default for Metrics {
         );
         registry.register(
             "proxy_certificate_renewals",
-            "Renewals of the member proxy's serving certificate while serving, by result",
+            "Renewals of the member proxy's serving certificate while serving, by result (renewed, failed)",
             cert_renewals.clone(),
         );
         registry.register(
@@ -100,7 +100,8 @@ impl Default for Metrics {
         );
         registry.register(
             "proxy_requests",
-            "Requests to the member proxy API, by result",
+            "Requests to the member proxy API, by result (ok, upgraded, no_tunnel, tunnel_error, unauthenticated, \
+             attach_forbidden, attach_unproven, attach_renewed, rejoin_challenge, rejoined, rejoin_refused, rejoin_error)",
             proxied.clone(),
         );
         registry.register(
@@ -126,7 +127,7 @@ impl Default for Metrics {
         );
         registry.register(
             "registrations",
-            "Registration requests decided, by result/reason",
+            "Registration requests decided, by result (Approved, Rejoined, or the reason of a denial)",
             registrations.clone(),
         );
         registry.register(
@@ -193,6 +194,27 @@ impl Metrics {
     /// Counts a failed reconcile.
     pub fn reconcile_error(&self, error: &'static str) {
         self.errors.get_or_create(&ErrorLabel { error }).inc();
+    }
+
+    /// One series of every family, labelled as the leader labels it: what docs/metrics.md is
+    /// generated from (`make generate`).
+    pub fn documented() -> Self {
+        let m = Self::default();
+        m.registrations("Approved");
+        m.reconcile_error("apply");
+        drop(m.reconcile_timer("member"));
+        m.set_members("tether-system/prod", &MemberCounts::default());
+        m.member_removed("Left");
+        m.heartbeat(Duration::from_secs(10));
+        m.set_leader(true);
+        m.set_tunnels(0);
+        m.proxied("ok");
+        m.set_proxy_cert_expiry(0);
+        m.tunnel_replaced();
+        m.tunnel_revoked("member_removed");
+        m.proxy_connection(0);
+        m.proxy_connection_refused();
+        m
     }
 
     /// Starts timing a reconcile of `controller`.
