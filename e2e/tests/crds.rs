@@ -618,6 +618,8 @@ async fn kubectl_get_prints_the_designed_columns() {
             "NODES",
             "READY",
             "AGE",
+            "REASON",
+            "CLUSTERSET",
             "PLATFORM",
             "AGENT VERSION",
             "LAST HEARTBEAT",
@@ -626,7 +628,7 @@ async fn kubectl_get_prints_the_designed_columns() {
         "wide columns of mcls:\n{wide}"
     );
     assert!(
-        wide.contains("linux/amd64") && wide.contains("0.1.0"),
+        wide.contains("linux/amd64") && wide.contains("0.1.0") && wide.contains("HeartbeatFresh"),
         "wide values missing:\n{wide}"
     );
     let all = kubectl(&cluster, &["get", "tether", "-A"]);

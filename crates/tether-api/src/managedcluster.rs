@@ -30,6 +30,8 @@ pub const MAX_RESOURCES: u32 = 64;
     printcolumn(name = "Nodes", type_ = "string", json_path = ".status.nodes.summary"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(name = "Reason", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].reason", priority = 1),
+    printcolumn(name = "ClusterSet", type_ = "string", json_path = ".spec.clusterSet", priority = 1),
     printcolumn(name = "Platform", type_ = "string", json_path = ".status.platform", priority = 1),
     printcolumn(name = "Agent Version", type_ = "string", json_path = ".status.agentVersion", priority = 1),
     printcolumn(name = "Last Heartbeat", type_ = "date", json_path = ".status.lastHeartbeatTime", priority = 1),
