@@ -30,7 +30,13 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_after_a_crash() 
     let (cluster, admin) = sim::leader_cluster("leader-ha", json!({})).await;
     let token = sim::leader_token(&admin).await;
     let kubeconfig = token_kubeconfig(&cluster, "tether-leader", &token).expect("kubeconfig");
-    let args = ["leader", "--lease-duration=6", "--lease-namespace=tether-system"];
+    // NB: `--member-metrics`: both replicas export a series per member from their caches.
+    let args = [
+        "leader",
+        "--lease-duration=6",
+        "--lease-namespace=tether-system",
+        "--member-metrics",
+    ];
     let mut replicas = [
         Controller::start(&cluster, "leader-a", &kubeconfig, &args).expect("replica a"),
         Controller::start(&cluster, "leader-b", &kubeconfig, &args).expect("replica b"),
@@ -65,6 +71,21 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_after_a_crash() 
 
     let east = join(&cluster, &admin, "east", "id-east").await;
     wait_counts(&admin, (1, 0, 1, 0), Duration::from_secs(15)).await;
+    // Approved, no heartbeat yet: east's series is 0 on both replicas (the standby's cache too).
+    for r in &replicas {
+        eventually("east's member_ready series", Duration::from_secs(15), || async {
+            let (_, text) = r.admin_get("/metrics").await.map_err(|e| e.to_string())?;
+            let series = text
+                .lines()
+                .find(|l| l.starts_with("tether_leader_member_ready{") && l.contains("member=\"east\""))
+                .map(str::to_string);
+            match series {
+                Some(l) if l.contains("clusterset=\"prod\"") && l.ends_with("} 0") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    }
 
     // Crash the leader; the other replica takes over within the Lease duration.
     replicas[first].kill();

@@ -114,6 +114,10 @@ pub struct LeaderArgs {
     /// denial is kept until someone deletes it.
     #[arg(long, env = "TETHER_DENIED_REQUEST_RETENTION", default_value = "1h", value_parser = tether_api::duration::parse)]
     pub denied_request_retention: std::time::Duration,
+    /// Export `tether_leader_member_ready{clusterset,namespace,member}`: one series per member
+    /// (10,000 members, 10,000 series), hence off by default.
+    #[arg(long, env = "TETHER_MEMBER_METRICS")]
+    pub member_metrics: bool,
 }
 
 /// `--proxy-cert-validity`: a duration of at least a minute (a shorter one would renew the
@@ -203,7 +207,11 @@ async fn run_leader(args: LeaderArgs) -> anyhow::Result<()> {
             max_connections: args.proxy_max_connections,
         }),
     };
-    let metrics = tether_leader::Metrics::default();
+    let metrics = if args.member_metrics {
+        tether_leader::Metrics::default().with_member_ready()
+    } else {
+        tether_leader::Metrics::default()
+    };
     let (m1, m2) = (metrics.clone(), metrics.clone());
     let p = Plumbing::start(
         client.clone(),

@@ -10,6 +10,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use tether_api::ManagedCluster;
 use tether_api::clusterset::MemberCounts;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -31,6 +32,13 @@ struct ControllerLabel {
 struct MemberLabel {
     clusterset: String,
     state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MemberReadyLabel {
+    clusterset: String,
+    namespace: String,
+    member: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -57,6 +65,8 @@ pub struct Metrics {
     tunnel_revocations: Family<ReasonLabel, Counter>,
     connections: Gauge,
     connections_refused: Counter,
+    /// The members' cache, read at each scrape for `member_ready` (only when turned on).
+    member_ready: Option<Arc<std::sync::OnceLock<kube::runtime::reflector::Store<ManagedCluster>>>>,
 }
 
 impl Default for Metrics {
@@ -169,6 +179,7 @@ impl Default for Metrics {
             tunnel_revocations,
             connections,
             connections_refused,
+            member_ready: None,
         }
     }
 }
@@ -214,6 +225,18 @@ impl Metrics {
         m.tunnel_revoked("member_removed");
         m.proxy_connection(0);
         m.proxy_connection_refused();
+        let m = m.with_member_ready();
+        let (store, mut writer) = kube::runtime::reflector::store::<ManagedCluster>();
+        let mut mc = ManagedCluster::new(
+            "east",
+            tether_api::ManagedClusterSpec {
+                cluster_id: "id".into(),
+                cluster_set: "prod".into(),
+            },
+        );
+        mc.metadata.namespace = Some("tether-prod-east".into());
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(mc));
+        m.follow_members(store);
         m
     }
 
@@ -301,11 +324,60 @@ impl Metrics {
         self.connections_refused.inc();
     }
 
+    /// Turns on `tether_leader_member_ready`: one series per member (`--member-metrics`).
+    #[must_use]
+    pub fn with_member_ready(mut self) -> Self {
+        self.member_ready = Some(Arc::default());
+        self
+    }
+
+    /// Gives the members' cache to `member_ready`, if it is on (`run` does, once the cache exists).
+    pub fn follow_members(&self, store: kube::runtime::reflector::Store<ManagedCluster>) {
+        if let Some(cell) = self.member_ready.as_ref() {
+            let _ = cell.set(store);
+        }
+    }
+
     /// The metrics in Prometheus text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        if let Some(store) = self.member_ready.as_ref().and_then(|c| c.get()) {
+            // NB: built from the cache at each scrape: a removed member's series goes with it.
+            let family = Family::<MemberReadyLabel, Gauge>::default();
+            for mc in store.state() {
+                let ready = mc
+                    .status
+                    .as_ref()
+                    .and_then(|s| {
+                        tether_api::conditions::find(
+                            &s.conditions,
+                            tether_api::conditions::ConditionType::Ready,
+                        )
+                    })
+                    .is_some_and(|c| c.status == "True");
+                let label = MemberReadyLabel {
+                    clusterset: mc.spec.cluster_set.clone(),
+                    namespace: mc.metadata.namespace.clone().unwrap_or_default(),
+                    member: mc.metadata.name.clone().unwrap_or_default(),
+                };
+                family.get_or_create(&label).set(ready.into());
+            }
+            let mut registry = Registry::with_prefix("tether_leader");
+            registry.register(
+                "member_ready",
+                "1 while the member's Ready condition is True, else 0: one series per member, so \
+                 off unless --member-metrics (the chart's memberMetrics) turns it on",
+                family,
+            );
+            let mut more = String::new();
+            let _ = prometheus_client::encoding::text::encode(&mut more, &registry);
+            let more = more.trim_end().trim_end_matches("# EOF");
+            // NB: OpenMetrics text ends with `# EOF`; a family after it would be ignored.
+            let at = out.rfind("# EOF").unwrap_or(out.len());
+            out.insert_str(at, more);
+        }
         out
     }
 }
@@ -313,6 +385,57 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn member_ready_follows_the_cache_and_is_off_unless_asked() {
+        use kube::runtime::watcher::Event;
+        let member = |name: &str, ready: &str| {
+            let mut mc = ManagedCluster::new(
+                name,
+                tether_api::ManagedClusterSpec {
+                    cluster_id: format!("id-{name}"),
+                    cluster_set: "prod".into(),
+                },
+            );
+            mc.metadata.namespace = Some(format!("tether-prod-{name}"));
+            mc.status = Some(tether_api::ManagedClusterStatus {
+                conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                    type_: "Ready".into(),
+                    status: ready.into(),
+                    reason: "HeartbeatReceived".into(),
+                    message: String::new(),
+                    last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                    ),
+                    observed_generation: None,
+                }],
+                ..Default::default()
+            });
+            mc
+        };
+        let (store, mut writer) = kube::runtime::reflector::store::<ManagedCluster>();
+        writer.apply_watcher_event(&Event::Apply(member("east", "True")));
+        writer.apply_watcher_event(&Event::Apply(member("west", "Unknown")));
+        let off = Metrics::default();
+        off.follow_members(store.clone());
+        assert!(!off.encode().contains("member_ready"), "off by default");
+
+        let on = Metrics::default().with_member_ready();
+        on.follow_members(store);
+        let text = on.encode();
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        for want in [
+            "tether_leader_member_ready{clusterset=\"prod\",namespace=\"tether-prod-east\",member=\"east\"} 1",
+            "tether_leader_member_ready{clusterset=\"prod\",namespace=\"tether-prod-west\",member=\"west\"} 0",
+        ] {
+            assert!(text.contains(want), "missing {want} in\n{text}");
+        }
+        writer.apply_watcher_event(&Event::Delete(member("west", "Unknown")));
+        assert!(
+            !on.encode().contains("member=\"west\""),
+            "a removed member's series goes"
+        );
+    }
 
     #[test]
     fn encodes_every_family_with_its_labels() {

@@ -89,6 +89,7 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
     // NB: `Store::wait_until_ready` wakes only its latest waiter, so one task waits for the
     // caches and publishes the result on a watch channel that any number of reconciles can await.
     let (synced_tx, synced) = watch::channel(false);
+    opts.metrics.follow_members(clusters.store.clone());
     let ctx = Arc::new(Context {
         client: client.clone(),
         sets: sets.store.clone(),
