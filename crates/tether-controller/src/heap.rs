@@ -15,16 +15,12 @@ pub const LIVE_BYTES: &str = "tether_heap_live_bytes";
 pub fn with_heap(text: String) -> String {
     #[cfg(feature = "heap-stats")]
     {
-        let mut text = text;
         let family = format!(
             "# HELP {LIVE_BYTES} Heap bytes allocated and not yet freed (heap-stats build).\n\
              # TYPE {LIVE_BYTES} gauge\n{LIVE_BYTES} {}\n",
             ALLOC.allocated()
         );
-        // NB: OpenMetrics text ends with `# EOF`; a family after it would be ignored.
-        let at = text.rfind("# EOF").unwrap_or(text.len());
-        text.insert_str(at, &family);
-        text
+        crate::metricsdoc::add_family(text, &family)
     }
     #[cfg(not(feature = "heap-stats"))]
     text

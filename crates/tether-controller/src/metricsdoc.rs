@@ -13,13 +13,16 @@ fn build_info_family(version: &str, commit: &str) -> String {
     )
 }
 
-/// Adds `tether_build_info{version,commit} 1` to the OpenMetrics text `text` (before `# EOF`).
+/// Adds `tether_build_info{version,commit} 1` to the OpenMetrics text `text`.
 pub fn with_build_info(text: String) -> String {
-    let mut text = text;
-    let family = build_info_family(env!("CARGO_PKG_VERSION"), env!("TETHER_BUILD"));
-    // NB: OpenMetrics text ends with `# EOF`; a family after it would be ignored.
+    add_family(text, &build_info_family(env!("CARGO_PKG_VERSION"), env!("TETHER_BUILD")))
+}
+
+/// Adds the metric family `family` (its `# HELP`, `# TYPE` and sample lines) to the OpenMetrics
+/// text `text`, before its `# EOF`: a family after it would be ignored.
+pub fn add_family(mut text: String, family: &str) -> String {
     let at = text.rfind("# EOF").unwrap_or(text.len());
-    text.insert_str(at, &family);
+    text.insert_str(at, family);
     text
 }
 
