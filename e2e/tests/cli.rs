@@ -224,9 +224,27 @@ async fn init_join_status_leave_destroy_with_failures_that_leave_nothing_behind(
     })
     .await;
 
-    // destroy --force removes the rest; a second destroy is fine.
-    ok(&tether(&lk, &["destroy", "--clusterset", SET, "--force"]).await);
-    ok(&tether(&lk, &["destroy", "--clusterset", SET, "--force"]).await);
+    // destroy --dry-run says what would go and changes nothing; without --yes (stdin is not a
+    // terminal here) it refuses; with it, --force removes the rest; a second destroy is fine.
+    let plan = ok(&tether(&lk, &["destroy", "--clusterset", SET, "--force", "--dry-run"]).await);
+    assert!(
+        plan.contains("member west") && plan.contains("join token") && plan.contains("nothing was changed"),
+        "{plan}"
+    );
+    fails(
+        &tether(&lk, &["destroy", "--clusterset", SET, "--force"]).await,
+        "pass --yes to confirm",
+    );
+    assert!(
+        Api::<ClusterSet>::namespaced(leader.admin.clone(), HOME)
+            .get_opt(SET)
+            .await
+            .expect("get")
+            .is_some_and(|s| s.metadata.deletion_timestamp.is_none()),
+        "a dry run and a refusal leave the set"
+    );
+    ok(&tether(&lk, &["destroy", "--clusterset", SET, "--force", "--yes"]).await);
+    ok(&tether(&lk, &["destroy", "--clusterset", SET, "--force", "--yes"]).await);
     assert!(
         Api::<ClusterSet>::namespaced(leader.admin.clone(), HOME)
             .get_opt(SET)
@@ -608,7 +626,7 @@ async fn leave_and_destroy_force_work_when_the_other_side_is_gone() {
 
     // The leader controller is gone: destroy --force does its part.
     leader.controller.kill();
-    let out = ok(&tether(&lk, &["destroy", "--clusterset", SET, "--force"]).await);
+    let out = ok(&tether(&lk, &["destroy", "--clusterset", SET, "--force", "-y"]).await);
     assert!(out.contains("destroyed"), "{out}");
     assert!(
         Api::<ClusterSet>::namespaced(leader.admin.clone(), HOME)

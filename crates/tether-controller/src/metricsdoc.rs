@@ -15,7 +15,10 @@ fn build_info_family(version: &str, commit: &str) -> String {
 
 /// Adds `tether_build_info{version,commit} 1` to the OpenMetrics text `text`.
 pub fn with_build_info(text: String) -> String {
-    add_family(text, &build_info_family(env!("CARGO_PKG_VERSION"), env!("TETHER_BUILD")))
+    add_family(
+        text,
+        &build_info_family(env!("CARGO_PKG_VERSION"), env!("TETHER_BUILD")),
+    )
 }
 
 /// Adds the metric family `family` (its `# HELP`, `# TYPE` and sample lines) to the OpenMetrics

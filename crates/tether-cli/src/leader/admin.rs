@@ -66,6 +66,24 @@ pub async fn destroy(target: &Target, args: DestroyArgs) -> anyhow::Result<()> {
                 names.join(", ")
             );
         }
+        let requests = Api::<ClusterRegistrationRequest>::namespaced(client.clone(), ns)
+            .list(&ListParams::default())
+            .await?
+            .items
+            .len();
+        let tokens = Api::<Secret>::namespaced(client.clone(), TOKEN_NAMESPACE)
+            .list_metadata(&ListParams::default().labels(&selector))
+            .await?
+            .items
+            .len();
+        let plan = destroy_plan(ns, set, &members.items, requests, tokens);
+        if args.dry_run {
+            println!("{plan}\n(dry run: nothing was changed)");
+            return Ok(());
+        }
+        if !args.yes {
+            confirm(&plan, set)?;
+        }
         if args.force {
             let patch = json!({"metadata": {"annotations": {tether_api::annotations::FORCE_DELETE: "true"}}});
             sets.patch(set, &PatchParams::default(), &Patch::Merge(patch))
@@ -94,6 +112,12 @@ pub async fn destroy(target: &Target, args: DestroyArgs) -> anyhow::Result<()> {
                 args.wait
             );
         }
+    } else if args.dry_run {
+        println!(
+            "ClusterSet {ns}/{set} does not exist; would remove what is left of it (its join tokens and \
+             join RBAC)\n(dry run: nothing was changed)"
+        );
+        return Ok(());
     } else {
         eprintln!("ClusterSet {ns}/{set} does not exist; removing what is left of it");
     }
@@ -113,6 +137,51 @@ pub async fn destroy(target: &Target, args: DestroyArgs) -> anyhow::Result<()> {
         .delete_collection(&dp, &lp)
         .await?;
     println!("ClusterSet {set} destroyed: members, requests, join tokens and join RBAC removed");
+    Ok(())
+}
+
+/// What `destroy` removes, as it tells the admin before doing it.
+fn destroy_plan(ns: &str, set: &str, members: &[ManagedCluster], requests: usize, tokens: usize) -> String {
+    let mut plan = format!("tether destroy removes ClusterSet {ns}/{set} for good:");
+    if members.is_empty() {
+        plan.push_str("\n  members: none");
+    }
+    for m in members {
+        plan.push_str(&format!(
+            "\n  member {} (cluster ID {}) and its namespace {}",
+            m.name_any(),
+            m.spec.cluster_id,
+            m.namespace().unwrap_or_default()
+        ));
+    }
+    plan.push_str(&format!(
+        "\n  {requests} registration request(s) in {ns}, {tokens} join token(s), the set's join RBAC"
+    ));
+    if !members.is_empty() {
+        plan.push_str("\n  members lose their credentials; their agents stay installed and keep trying");
+    }
+    plan
+}
+
+/// Asks the admin to type the set's name, on a terminal; refuses without one (use `--yes`).
+fn confirm(plan: &str, set: &str) -> anyhow::Result<()> {
+    use std::io::{BufRead as _, IsTerminal as _, Write as _};
+    if !std::io::stdin().is_terminal() {
+        bail!(
+            "{plan}\nnot destroying without confirmation: stdin is not a terminal; pass --yes to confirm, or \
+             --dry-run to only see what it would remove"
+        );
+    }
+    eprint!("{plan}\ntype the set's name ({set}) to destroy it: ");
+    let _ = std::io::stderr().flush();
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    if line.trim() != set {
+        bail!(
+            "not confirmed (typed {:?}, not {set:?}); nothing was changed",
+            line.trim()
+        );
+    }
     Ok(())
 }
 

@@ -181,6 +181,12 @@ pub struct DestroyArgs {
     /// How long to wait until everything is gone.
     #[arg(long, default_value = "120s", value_parser = tether_api::duration::parse)]
     pub wait: Duration,
+    /// Print what would be removed and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Do not ask for confirmation (needed when stdin is not a terminal).
+    #[arg(long, short = 'y')]
+    pub yes: bool,
 }
 
 /// The ClusterSet `name` in `namespace`, or without a name the only one there.

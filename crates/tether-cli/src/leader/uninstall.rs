@@ -128,6 +128,9 @@ pub async fn uninstall(target: &Target, args: UninstallArgs) -> anyhow::Result<(
                 clusterset: set.name_any(),
                 force: false,
                 wait: args.wait,
+                dry_run: false,
+                // NB: `uninstall` is the confirmation: it destroys only sets without members.
+                yes: true,
             },
         )
         .await?;
