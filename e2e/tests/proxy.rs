@@ -254,6 +254,52 @@ async fn member_access() {
         o.status.success() && String::from_utf8_lossy(&o.stdout).contains("namespace/kube-system"),
         "{o:?}"
     );
+    // `tether kubeconfig`: -o is the format, as in kubectl; --output-file writes it, private.
+    let o = tether_as(
+        &alice_kubeconfig,
+        &[
+            "kubeconfig",
+            "--cluster",
+            "east",
+            "--member-namespace",
+            &east_ns,
+            "-o",
+            "json",
+        ],
+    );
+    let kc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:?}"));
+    let server = kc["clusters"][0]["cluster"]["server"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        server.contains(&format!("/namespaces/{east_ns}/managedclusters/east/proxy")),
+        "{kc}"
+    );
+    let file = std::env::temp_dir().join(format!("tether-proxy-east-{}.kubeconfig", std::process::id()));
+    let o = tether_as(
+        &alice_kubeconfig,
+        &[
+            "kubeconfig",
+            "--cluster",
+            "east",
+            "--member-namespace",
+            &east_ns,
+            "--output-file",
+            file.to_str().expect("path"),
+        ],
+    );
+    assert!(o.status.success(), "{o:?}");
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&file).expect("written").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the kubeconfig holds a credential");
+    }
+    let o = kubectl_with(&file, &["get", "ns", "kube-system", "-o", "name"]);
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("namespace/kube-system"),
+        "kubectl with the written kubeconfig reaches east: {o:?}"
+    );
+    let _ = std::fs::remove_file(&file);
     // Pass-through by a user who may not read the ManagedCluster: the key comes from the leader.
     let reader_file = token_file("reader-alice", &reader);
     let o = tether_as(
@@ -785,6 +831,14 @@ fn kubectl_through(
 }
 
 /// `tether <args>` with `kubeconfig` for the leader.
+fn kubectl_with(kubeconfig: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(tether_testkit::Tools::locate().expect("tools").path("kubectl"))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(args)
+        .output()
+        .expect("kubectl")
+}
+
 fn tether_as(kubeconfig: &std::path::Path, args: &[&str]) -> std::process::Output {
     std::process::Command::new(tether_testkit::controller::binary("tether").expect("tether"))
         .arg(format!("--kubeconfig={}", kubeconfig.display()))

@@ -42,9 +42,21 @@ pub struct KubeconfigArgs {
     /// (say, you were granted managedclusters/proxy in that one namespace).
     #[arg(long, value_name = "NAMESPACE")]
     pub member_namespace: Option<String>,
-    /// Write the kubeconfig here (mode 0600) instead of printing it.
-    #[arg(short, long)]
-    pub output: Option<PathBuf>,
+    /// Write the kubeconfig to this file (mode 0600) instead of printing it.
+    #[arg(long, value_name = "FILE")]
+    pub output_file: Option<PathBuf>,
+    /// The kubeconfig's format (kubectl's `-o`).
+    #[arg(short, long, value_enum, default_value_t = KubeconfigFormat::Yaml)]
+    pub output: KubeconfigFormat,
+}
+
+/// `tether kubeconfig -o yaml|json`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KubeconfigFormat {
+    /// YAML, as kubectl writes kubeconfigs.
+    Yaml,
+    /// JSON.
+    Json,
 }
 
 /// Which member to reach, as the user named it.
@@ -228,8 +240,13 @@ pub async fn kubeconfig(target: &Target, args: KubeconfigArgs) -> anyhow::Result
         namespace: args.member_namespace.as_deref(),
     };
     let kc = member_kubeconfig(target, member).await?;
-    let text = serde_norway::to_string(&kc).context("cannot write the kubeconfig")?;
-    match args.output {
+    let text = match args.output {
+        KubeconfigFormat::Yaml => serde_norway::to_string(&kc).context("cannot write the kubeconfig")?,
+        KubeconfigFormat::Json => {
+            serde_json::to_string_pretty(&kc).context("cannot write the kubeconfig")? + "\n"
+        }
+    };
+    match args.output_file {
         Some(path) => {
             write_private(&path, &text)?;
             eprintln!(
