@@ -49,8 +49,14 @@ pub struct Cli {
     /// get ns`; as a plugin `kubectl tether --cluster east -- get ns`).
     #[arg(long, value_name = "MEMBER", requires = "kubectl")]
     pub cluster: Option<String>,
-    /// With --cluster: the ClusterSet, when several sets have a member of that name.
-    #[arg(long = "in-clusterset", value_name = "SET", requires = "cluster")]
+    /// With --cluster: the ClusterSet, when several sets have a member of that name (the same
+    /// flag as the subcommands'; `--in-clusterset` is its former name).
+    #[arg(
+        long = "clusterset",
+        alias = "in-clusterset",
+        value_name = "SET",
+        requires = "cluster"
+    )]
     pub in_clusterset: Option<String>,
     /// With --cluster: the member's namespace on the leader. Needed only if you may not list
     /// ManagedClusters (say, you were granted managedclusters/proxy in that one namespace).
@@ -277,7 +283,17 @@ mod tests {
             Cli::try_parse_from(["tether", "--cluster", "east"]).is_err(),
             "--cluster needs kubectl arguments"
         );
-        assert!(Cli::try_parse_from(["tether", "--in-clusterset", "prod", "--", "get"]).is_err());
+        assert!(Cli::try_parse_from(["tether", "--clusterset", "prod", "--", "get"]).is_err());
+        // One spelling of the set flag: before a subcommand it is the --cluster mode's, after
+        // it the subcommand's own; the former name still parses.
+        for flag in ["--clusterset", "--in-clusterset"] {
+            let cli =
+                Cli::try_parse_from(["tether", "--cluster", "east", flag, "prod", "--", "get"]).unwrap();
+            assert_eq!(cli.in_clusterset.as_deref(), Some("prod"));
+        }
+        let cli = Cli::try_parse_from(["tether", "destroy", "--clusterset", "prod"]).unwrap();
+        assert!(cli.in_clusterset.is_none(), "{cli:?}");
+        assert!(matches!(cli.command, Some(Command::Destroy(ref d)) if d.clusterset == "prod"));
         let cli = Cli::try_parse_from([
             "tether",
             "--cluster",
@@ -293,8 +309,25 @@ mod tests {
             Cli::try_parse_from(["tether", "--member-token-file", "t", "--", "get"]).is_err(),
             "--member-token-file needs --cluster"
         );
-        let cli = Cli::try_parse_from(["tether", "kubeconfig", "--cluster", "east", "-o", "e.yaml"]).unwrap();
-        assert!(matches!(cli.command, Some(Command::Kubeconfig(ref a)) if a.cluster == "east"));
+        let cli = Cli::try_parse_from([
+            "tether",
+            "kubeconfig",
+            "--cluster",
+            "east",
+            "--output-file",
+            "e.yaml",
+        ])
+        .unwrap();
+        assert!(matches!(cli.command, Some(Command::Kubeconfig(ref a))
+            if a.cluster == "east" && a.output_file.as_deref() == Some(std::path::Path::new("e.yaml"))));
+        let cli = Cli::try_parse_from(["tether", "kubeconfig", "--cluster", "east", "-o", "json"]).unwrap();
+        assert!(
+            matches!(cli.command, Some(Command::Kubeconfig(ref a)) if a.output == access::KubeconfigFormat::Json)
+        );
+        assert!(
+            Cli::try_parse_from(["tether", "kubeconfig", "--cluster", "east", "-o", "e.yaml"]).is_err(),
+            "-o is a format, as in kubectl"
+        );
         assert!(
             Cli::try_parse_from(["tether", "kubeconfig"]).is_err(),
             "--cluster is required"
