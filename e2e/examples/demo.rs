@@ -58,7 +58,13 @@ async fn up(repo: &Path, root: &Path) {
     std::fs::write(root.join("lab.pid"), holder.id().to_string()).expect("write lab.pid");
     write_wrappers(repo, root);
 
-    let fleet = pods::up(Some(root), &[("east", Helm::v4()), ("west", Helm::v4())], start).await;
+    let fleet = pods::up(
+        Some(root),
+        &[("east", Helm::v4()), ("west", Helm::v4())],
+        &[],
+        start,
+    )
+    .await;
     let leader = &fleet.leader;
     step(
         start,

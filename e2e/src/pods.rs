@@ -224,7 +224,7 @@ fn run_printed(helm: &Helm, cluster: &TestCluster, line: &str) {
 
 /// The two-step join of member `name`, every command as printed: the agent chart installed with
 /// no values (an idle agent that says NotJoined), then the `helm upgrade ... -f join.yaml` its
-/// NOTES print, with the file `tether init --output` wrote on the leader.
+/// NOTES print, with the file `tether init --values-file` wrote on the leader.
 fn two_step_join(start: Instant, leader: &TestCluster, name: &str, helm: &Helm, cluster: &TestCluster) {
     step(
         start,
@@ -254,9 +254,13 @@ fn two_step_join(start: Instant, leader: &TestCluster, name: &str, helm: &Helm, 
     let file = dir.join("join.yaml").display().to_string();
     let init = shell(
         leader,
-        &format!("tether init --clusterset prod -n {NAMESPACE} --output {file}"),
+        &format!("tether init --clusterset prod -n {NAMESPACE} --values-file {file}"),
     );
-    assert!(init.status.success(), "tether init --output: {}", text(&init));
+    assert!(
+        init.status.success(),
+        "tether init --values-file: {}",
+        text(&init)
+    );
     let notes = helm.ok(cluster, &["get", "notes", "tether-agent", "-n", NAMESPACE]);
     let line = printed_command(&notes, "helm upgrade tether-agent")
         .replace("<CLUSTER-NAME>", name)
@@ -279,6 +283,20 @@ pub struct PodFleet {
     pub init_output: String,
 }
 
+/// The UID OpenShift's restricted-v2 SCC assigns from a namespace's range (the range starts at
+/// 1000680000 on a typical cluster).
+pub const RESTRICTED_UID: i64 = 1_000_680_000;
+
+/// The leader chart's values that run its pods as the restricted-v2 SCC would: the chart's fixed
+/// UID and group dropped (docs/operations.md, "Chart values for production"), and the UID the
+/// SCC would inject set in their place, with no group (the root group, as OpenShift runs them).
+pub const RESTRICTED_LEADER_VALUES: [&str; 4] = [
+    "--set",
+    "podSecurityContext.runAsUser=1000680000",
+    "--set",
+    "podSecurityContext.runAsGroup=null",
+];
+
 /// Prints a timed step.
 pub fn step(start: Instant, what: &str) {
     eprintln!("[{:>5.1}s] {what}", start.elapsed().as_secs_f64());
@@ -286,9 +304,15 @@ pub fn step(start: Instant, what: &str) {
 
 /// Starts the leader and the members (one node each, in parallel), installs the leader chart,
 /// runs `tether init`, installs the agent chart in each member with the printed values (member
-/// `i` with `helms[i]`; the second in two steps, idle then joined with `init --output`'s file),
-/// and waits until every member is Ready at the leader.
-pub async fn up(root: Option<&Path>, members: &[(&str, Helm)], start: Instant) -> PodFleet {
+/// `i` with `helms[i]`; the second in two steps, idle then joined with `init --values-file`'s file),
+/// and waits until every member is Ready at the leader. `leader_values` are more `helm install`
+/// arguments for the leader chart (say, [`RESTRICTED_UID`]'s).
+pub async fn up(
+    root: Option<&Path>,
+    members: &[(&str, Helm)],
+    leader_values: &[&str],
+    start: Instant,
+) -> PodFleet {
     step(
         start,
         "starting the leader and members, each a control plane with one real node",
@@ -345,22 +369,21 @@ pub async fn up(root: Option<&Path>, members: &[(&str, Helm)], start: Instant) -
         start,
         "helm install tether-leader --wait (2 replicas, the image's pods)",
     );
-    Helm::v4().ok(
-        &leader,
-        &[
-            "install",
-            "tether-leader",
-            "charts/tether-leader",
-            "-n",
-            NAMESPACE,
-            "--create-namespace",
-            "--set",
-            &leader_url,
-            "--wait",
-            "--timeout",
-            "3m",
-        ],
-    );
+    let mut install = vec![
+        "install",
+        "tether-leader",
+        "charts/tether-leader",
+        "-n",
+        NAMESPACE,
+        "--create-namespace",
+        "--set",
+        &leader_url,
+        "--wait",
+        "--timeout",
+        "3m",
+    ];
+    install.extend_from_slice(leader_values);
+    Helm::v4().ok(&leader, &install);
 
     step(start, "tether init --clusterset prod");
     let init = shell(&leader, &format!("tether init --clusterset prod -n {NAMESPACE}"));

@@ -94,6 +94,20 @@ async fn setup() -> World {
     for m in ["east", "west"] {
         wait_tunnel(&leader, m, "True").await;
     }
+    // The agent says so too (the chart's TetherTunnelDown alert reads it).
+    let agent = east.agent.as_ref().expect("east's agent");
+    eventually(
+        "east's agent reports tether_agent_tunnel_attached 1",
+        Duration::from_secs(10),
+        || async {
+            let (_, text) = agent.admin_get("/metrics").await.map_err(|e| e.to_string())?;
+            match tether_e2e::scale::metric(&text, "tether_agent_tunnel_attached") {
+                Some(1.0) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
     grant_proxy(&leader, "east", &["alice", "carol"]).await;
     grant_proxy(&leader, "west", &["alice"]).await;
     for m in [&east, &west] {

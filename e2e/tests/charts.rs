@@ -341,3 +341,328 @@ fn the_leader_chart_scopes_its_service_account_and_offers_a_network_policy() {
         "the admin port from anywhere unless listed"
     );
 }
+
+/// Renders `chart` with Helm 4 and `extra` values; the documents.
+fn render(chart: &str, extra: &[&str]) -> Vec<Value> {
+    let mut args = vec!["template", "t", chart, "-n", "fleet"];
+    if chart.ends_with("tether-leader") {
+        args.extend(["--set", LEADER_URL]);
+    } else {
+        args.extend(AGENT_VALUES);
+    }
+    args.extend_from_slice(extra);
+    let o = helm_with("helm", &args);
+    assert!(o.status.success(), "helm {args:?}: {}", out(&o));
+    docs(&String::from_utf8_lossy(&o.stdout))
+}
+
+fn kind<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+/// What production clusters set on both charts renders where Kubernetes reads it: pod labels, a
+/// PriorityClass, extra env, volumes and mounts, probe timing, ServiceAccount annotations, the
+/// image by digest, the security contexts (OpenShift-style: no fixed UID or group), and the
+/// leader's replicas spread over nodes by default.
+#[test]
+fn both_charts_take_production_values() {
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    for (chart, name) in [
+        ("charts/tether-leader", "tether-leader"),
+        ("charts/tether-agent", "tether-agent"),
+    ] {
+        let image_digest = format!("image.digest={digest}");
+        let d = render(
+            chart,
+            &[
+                "--set",
+                "podLabels.team=platform",
+                "--set",
+                "priorityClassName=system-cluster-critical",
+                "--set-json",
+                r#"extraEnv=[{"name":"HTTPS_PROXY","value":"http://proxy:3128"}]"#,
+                "--set-json",
+                r#"extraVolumes=[{"name":"ca","configMap":{"name":"corp-ca"}}]"#,
+                "--set-json",
+                r#"extraVolumeMounts=[{"name":"ca","mountPath":"/etc/corp-ca","readOnly":true}]"#,
+                "--set",
+                "livenessProbe.timeoutSeconds=5",
+                "--set",
+                "readinessProbe.failureThreshold=6",
+                "--set",
+                "serviceAccount.annotations.iam\\.example/role=tether",
+                "--set",
+                &image_digest,
+                "--set",
+                "podSecurityContext.runAsUser=null",
+                "--set",
+                "podSecurityContext.runAsGroup=null",
+                "--set",
+                "podSecurityContext.fsGroup=null",
+            ],
+        );
+        let dep = kind(&d, "Deployment", name);
+        let pod = &dep["spec"]["template"];
+        assert_eq!(pod["metadata"]["labels"]["team"], "platform", "{chart}");
+        assert_eq!(
+            pod["metadata"]["labels"]["app.kubernetes.io/name"], name,
+            "the selector labels stay"
+        );
+        let spec = &pod["spec"];
+        assert_eq!(spec["priorityClassName"], "system-cluster-critical", "{chart}");
+        let c = &spec["containers"][0];
+        assert_eq!(
+            c["image"],
+            format!("ghcr.io/tether-dev/tether@{digest}"),
+            "{chart}"
+        );
+        assert!(
+            c["env"]
+                .as_array()
+                .expect("env")
+                .iter()
+                .any(|e| e["name"] == "HTTPS_PROXY"),
+            "{chart}: {}",
+            c["env"]
+        );
+        assert!(
+            c["env"]
+                .as_array()
+                .expect("env")
+                .iter()
+                .any(|e| e["name"] == "POD_NAME"),
+            "{chart}: the chart's own env stays"
+        );
+        assert_eq!(c["volumeMounts"][0]["mountPath"], "/etc/corp-ca", "{chart}");
+        assert_eq!(spec["volumes"][0]["configMap"]["name"], "corp-ca", "{chart}");
+        assert_eq!(c["livenessProbe"]["timeoutSeconds"], 5, "{chart}");
+        assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/livez", "{chart}");
+        assert_eq!(c["readinessProbe"]["failureThreshold"], 6, "{chart}");
+        let psc = &spec["securityContext"];
+        assert!(
+            psc.get("runAsUser").is_none() && psc.get("runAsGroup").is_none(),
+            "{chart}: null drops the fixed UID and group (OpenShift's SCC assigns them): {psc}"
+        );
+        assert_eq!(psc["runAsNonRoot"], true, "{chart}");
+        assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true, "{chart}");
+        let sa = kind(&d, "ServiceAccount", name);
+        assert_eq!(
+            sa["metadata"]["annotations"]["iam.example/role"], "tether",
+            "{chart}"
+        );
+        assert_eq!(sa["metadata"]["namespace"], "fleet", "{chart}");
+        // The hook Jobs run under the same security context.
+        for job in d.iter().filter(|v| v["kind"] == "Job") {
+            let jsc = &job["spec"]["template"]["spec"]["securityContext"];
+            assert!(jsc.get("runAsUser").is_none(), "{chart}: {job}");
+        }
+
+        // Defaults: the fixed non-root UID, and the leader's two replicas spread over nodes.
+        let d = render(chart, &[]);
+        let spec = &kind(&d, "Deployment", name)["spec"]["template"]["spec"];
+        assert_eq!(spec["securityContext"]["runAsUser"], 65532, "{chart}");
+        assert!(spec.get("priorityClassName").is_none(), "{chart}");
+        let spread = &spec["topologySpreadConstraints"];
+        if name == "tether-leader" {
+            assert_eq!(spread[0]["topologyKey"], "kubernetes.io/hostname", "{spread}");
+            assert_eq!(spread[0]["whenUnsatisfiable"], "ScheduleAnyway", "{spread}");
+            assert_eq!(
+                spread[0]["labelSelector"]["matchLabels"]["app.kubernetes.io/name"],
+                name
+            );
+        } else {
+            assert!(spread.is_null(), "one agent replica: no spread: {spread}");
+        }
+        let sa = kind(&d, "ServiceAccount", name);
+        assert!(sa["metadata"].get("annotations").is_none(), "{sa}");
+    }
+    // A digest that is not one, and a typo in the new keys, are refused.
+    for bad in [
+        "image.digest=latest",
+        "podLabel.team=x",
+        "livenessProbe.periodSecond=3",
+    ] {
+        let o = helm_with(
+            "helm",
+            &[
+                "template",
+                "t",
+                "charts/tether-leader",
+                "--set",
+                LEADER_URL,
+                "--set",
+                bad,
+            ],
+        );
+        assert!(!o.status.success(), "{bad} accepted");
+    }
+}
+
+/// Runs `.tools/bin/promlint <check> <file>` (e2e/promlint: Prometheus's own rule and PromQL
+/// parser); its output.
+fn promlint(check: &str, file: &Path) -> Output {
+    std::process::Command::new(Tools::locate().expect("tools").path("promlint"))
+        .args([check, &file.display().to_string()])
+        .output()
+        .expect("run promlint")
+}
+
+/// The PrometheusRules of both charts and the leader's dashboard render when turned on, and
+/// load: Prometheus's rule parser accepts every rule (the check `promtool check rules` makes)
+/// and the dashboard is a Grafana dashboard whose every PromQL target parses. The checker
+/// itself refuses a broken rule and a broken panel.
+#[test]
+fn the_alerts_and_the_dashboard_lint() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rules_of = |docs: &[Value], name: &str| {
+        let rule = kind(docs, "PrometheusRule", name);
+        let file = dir.path().join(format!("{name}.rules.yaml"));
+        std::fs::write(&file, serde_json::to_string(&rule["spec"]).expect("json")).expect("write");
+        (file, rule["spec"]["groups"][0]["rules"].clone())
+    };
+    let alerts = |rules: &Value| -> Vec<String> {
+        rules
+            .as_array()
+            .expect("rules")
+            .iter()
+            .filter_map(|r| r["alert"].as_str().map(str::to_string))
+            .collect()
+    };
+    for (chart, name, extra, want) in [
+        (
+            "charts/tether-leader",
+            "tether-leader",
+            vec!["--set", "prometheusRule.enabled=true"],
+            vec![
+                "TetherMemberLost",
+                "TetherNoLeader",
+                "TetherRegistrationsFailing",
+                "TetherReconcileErrors",
+                "TetherProxyCertificateExpiring",
+                "TetherProxyCertificateRenewalFailing",
+            ],
+        ),
+        (
+            "charts/tether-leader",
+            "tether-leader",
+            vec![
+                "--set",
+                "prometheusRule.enabled=true",
+                "--set",
+                "memberMetrics=true",
+            ],
+            vec![
+                "TetherMemberLost",
+                "TetherNoLeader",
+                "TetherRegistrationsFailing",
+                "TetherReconcileErrors",
+                "TetherProxyCertificateExpiring",
+                "TetherProxyCertificateRenewalFailing",
+            ],
+        ),
+        (
+            "charts/tether-agent",
+            "tether-agent",
+            vec!["--set", "prometheusRule.enabled=true"],
+            vec![
+                "TetherLeaderUnreachable",
+                "TetherAgentCredentialRenewalFailing",
+                "TetherTunnelDown",
+            ],
+        ),
+    ] {
+        let d = render(chart, &extra);
+        let (file, rules) = rules_of(&d, name);
+        assert_eq!(alerts(&rules), want, "{chart} {extra:?}");
+        let o = promlint("rules", &file);
+        assert!(o.status.success(), "{chart} {extra:?}: {}", out(&o));
+        assert!(
+            out(&o).contains(&format!("{} alerts parsed", want.len())),
+            "{}",
+            out(&o)
+        );
+        let text = rules.to_string();
+        assert!(
+            text.contains("namespace=\\\"fleet\\\""),
+            "scoped to the release: {text}"
+        );
+    }
+    let member_lost = |extra: &[&str]| {
+        let d = render("charts/tether-leader", extra);
+        let (_, rules) = rules_of(&d, "tether-leader");
+        rules[0]["expr"].as_str().expect("expr").to_string()
+    };
+    assert!(
+        member_lost(&[
+            "--set",
+            "prometheusRule.enabled=true",
+            "--set",
+            "memberMetrics=true"
+        ])
+        .contains("tether_leader_member_ready")
+    );
+    assert!(member_lost(&["--set", "prometheusRule.enabled=true"]).contains("state=\"not_ready\""));
+    // Off by default; the tunnel's alert goes with the tunnel, the certificate's with member access.
+    assert!(
+        !render("charts/tether-leader", &[])
+            .iter()
+            .any(|v| v["kind"] == "PrometheusRule")
+    );
+    let d = render(
+        "charts/tether-agent",
+        &[
+            "--set",
+            "prometheusRule.enabled=true",
+            "--set",
+            "proxy.tunnel=false",
+        ],
+    );
+    assert!(!alerts(&rules_of(&d, "tether-agent").1).contains(&"TetherTunnelDown".to_string()));
+    let d = render(
+        "charts/tether-leader",
+        &[
+            "--set",
+            "prometheusRule.enabled=true",
+            "--set",
+            "memberAccess.enabled=false",
+        ],
+    );
+    assert!(
+        !alerts(&rules_of(&d, "tether-leader").1)
+            .iter()
+            .any(|a| a.contains("Certificate"))
+    );
+
+    let d = render("charts/tether-leader", &["--set", "dashboard.enabled=true"]);
+    let cm = kind(&d, "ConfigMap", "tether-leader-dashboard");
+    assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json = cm["data"]["tether-leader.json"].as_str().expect("dashboard json");
+    let board = dir.path().join("dashboard.json");
+    std::fs::write(&board, json).expect("write");
+    let o = promlint("dashboard", &board);
+    assert!(o.status.success(), "{}", out(&o));
+    assert!(
+        !render("charts/tether-leader", &[])
+            .iter()
+            .any(|v| v["metadata"]["name"] == "tether-leader-dashboard")
+    );
+
+    // The checker is not a rubber stamp: a rule that does not parse, an alert without a
+    // severity, and a panel whose PromQL is broken are each refused.
+    let broken = dir.path().join("broken.rules.yaml");
+    std::fs::write(
+        &broken,
+        "groups:\n- name: g\n  rules:\n  - alert: A\n    expr: sum(rate(x[5m])\n    labels: {severity: warning}\n    annotations: {summary: s, description: d}\n  - alert: B\n    expr: up == 0\n    annotations: {summary: s, description: d}\n",
+    )
+    .expect("write");
+    let o = promlint("rules", &broken);
+    assert!(!o.status.success(), "{}", out(&o));
+    assert!(out(&o).contains("no severity label"), "{}", out(&o));
+    let mut bad: Value = serde_json::from_str(json).expect("dashboard");
+    bad["panels"][0]["targets"][0]["expr"] = "sum(tether_leader_is_leader".into();
+    std::fs::write(&board, bad.to_string()).expect("write");
+    let o = promlint("dashboard", &board);
+    assert!(!o.status.success(), "{}", out(&o));
+}

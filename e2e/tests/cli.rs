@@ -60,6 +60,15 @@ fn fails(o: &Output, says: &str) -> String {
     t
 }
 
+/// As [`fails`], and exits with `code` (README, "Exit codes": 2 usage, 3 not found, 4
+/// forbidden, 5 unreachable, 6 timed out).
+#[track_caller]
+fn fails_with(o: &Output, code: i32, says: &str) -> String {
+    let t = fails(o, says);
+    assert_eq!(o.status.code(), Some(code), "exit code of: {t}");
+    t
+}
+
 /// `--flag value` from a printed `tether join …` line.
 fn flag(line: &str, name: &str) -> String {
     let mut words = line.split_whitespace();
@@ -125,11 +134,11 @@ async fn init_join_status_leave_destroy_with_failures_that_leave_nothing_behind(
 
     let ek = east.cluster.kubeconfig().to_path_buf();
     let wk = west.cluster.kubeconfig().to_path_buf();
-    // A join config file from `init --output` drives `join --config-file` (dry run: checks, creates nothing).
+    // A join config file from `init --values-file` drives `join --config-file` (dry run: checks, creates nothing).
     let dir = tempfile::tempdir().expect("tmp");
     let file = dir.path().join("join.yaml");
     let file_arg = file.display().to_string();
-    ok(&tether(&lk, &["init", "--clusterset", SET, "--output", &file_arg]).await);
+    ok(&tether(&lk, &["init", "--clusterset", SET, "--values-file", &file_arg]).await);
     let dry = ok(&tether(
         &wk,
         &["join", "--config-file", &file_arg, "--name", "west", "--dry-run"],
@@ -141,20 +150,29 @@ async fn init_join_status_leave_destroy_with_failures_that_leave_nothing_behind(
     );
     // Failures first, each leaving nothing behind.
     let wrong = format!("sha256:{}", "0".repeat(64));
-    let t = fails(
+    let t = fails_with(
         &join_with(&wk, &url, &token, &wrong, "west").await,
+        1,
         "does not match",
     );
     assert!(t.contains(&hash), "shows the hash it saw: {t}");
-    fails(
+    fails_with(
         &join_with(&wk, &url, "abcdef.0000000000000000", &hash, "west").await,
+        4,
         "rejected the token",
     );
-    fails(
+    fails_with(
         &join_with(&wk, "https://127.0.0.1:1", &token, &hash, "west").await,
+        5,
         "cannot read",
     );
-    fails(&join_with(&wk, &url, &token, &hash, "west").await, "no agent");
+    // A name that is not a DNS label is refused before anything is sent, with one to pass.
+    fails_with(
+        &join_with(&wk, &url, &token, &hash, "West_1").await,
+        2,
+        "for example --name west-1",
+    );
+    fails_with(&join_with(&wk, &url, &token, &hash, "west").await, 6, "no agent");
     no_member_set(&west).await;
 
     // Joins with the agents running; a second join is a no-op.
@@ -206,6 +224,59 @@ async fn init_join_status_leave_destroy_with_failures_that_leave_nothing_behind(
         assert!(out.contains(says), "{context:?}: {out}");
     }
 
+    // `tether version` shows the CLI's version and each member's agent version (the leader
+    // controller here is a process outside the cluster, without a Lease: tests/nodes.rs checks
+    // the replicas' versions on real pods).
+    let versions = ok(&tether(&lk, &["version"]).await);
+    let cli_version = env!("CARGO_PKG_VERSION");
+    assert!(
+        versions.contains(&format!("tether CLI {cli_version}")),
+        "{versions}"
+    );
+    for name in ["east", "west"] {
+        let row = versions
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(name))
+            .unwrap_or_else(|| panic!("{name} in {versions}"));
+        assert!(row.contains(cli_version) && row.contains("True"), "{row}");
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&tether(&lk, &["version", "-o", "json"]).await)).expect("json");
+    assert_eq!(json["client"], cli_version);
+    assert_eq!(json["agents"].as_array().map(Vec::len), Some(2), "{json}");
+
+    // What a command names and does not exist exits 3; an unreachable cluster 5.
+    fails_with(
+        &tether(&lk, &["member", "remove", "nobody"]).await,
+        3,
+        "no member nobody",
+    );
+    fails_with(
+        &tether(&lk, &["status", "--clusterset", "nosuch"]).await,
+        3,
+        "no ClusterSet",
+    );
+    fails_with(
+        &tether(&lk, &["approve", "nosuch"]).await,
+        3,
+        "no registration request",
+    );
+    let unreachable = dir.path().join("unreachable.kubeconfig");
+    std::fs::write(
+        &unreachable,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1', \
+         insecure-skip-tls-verify: true}}]\nusers: [{name: u, user: {token: t}}]\n\
+         contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n",
+    )
+    .expect("write");
+    fails_with(&tether(&unreachable, &["status"]).await, 5, "error");
+    // Unknown flags are clap's usage errors: 2.
+    fails_with(
+        &tether(&lk, &["status", "--no-such-flag"]).await,
+        2,
+        "--no-such-flag",
+    );
+
     // destroy refuses while members remain.
     fails(
         &tether(&lk, &["destroy", "--clusterset", SET]).await,
@@ -231,8 +302,9 @@ async fn init_join_status_leave_destroy_with_failures_that_leave_nothing_behind(
         plan.contains("member west") && plan.contains("join token") && plan.contains("nothing was changed"),
         "{plan}"
     );
-    fails(
+    fails_with(
         &tether(&lk, &["destroy", "--clusterset", SET, "--force"]).await,
+        2,
         "pass --yes to confirm",
     );
     assert!(
@@ -497,7 +569,7 @@ async fn every_command_init_prints_works_as_printed_for_a_set_outside_tether_sys
 }
 
 /// The two-step join, every command as printed: an agent installed with no membership idles and
-/// says so (`Registered=False`, NotJoined, with the command to run); `tether init --output
+/// says so (`Registered=False`, NotJoined, with the command to run); `tether init --values-file
 /// join.yaml` prints two ways to use the file, and both work verbatim: `tether join
 /// --config-file` and the agent chart with `-f` (rendered here; the node tier installs it).
 #[tokio::test]
@@ -532,6 +604,7 @@ async fn the_join_file_from_init_works_verbatim_with_tether_join_and_with_helm()
 
     let dir = tempfile::tempdir().expect("tmp");
     let file = dir.path().join("join.yaml").display().to_string();
+    // `--output`, the former name of `--values-file`, still works.
     let out = ok(&tether(&lk, &["init", "--clusterset", SET, "--output", &file]).await);
     let content = std::fs::read_to_string(&file).expect("join.yaml");
     assert!(

@@ -2,7 +2,7 @@
 //! real node (containerd, kubelet, kube-proxy) running the project's own image from `make
 //! image`; both charts installed with `helm install --wait` (the leader with 2 replicas; member
 //! `east` with Helm 4 with the values `tether init` printed, `west` with Helm 3 in two steps:
-//! idle, then joined with the file `tether init --output` wrote), then failover, `helm upgrade`
+//! idle, then joined with the file `tether init --values-file` wrote), then failover, `helm upgrade`
 //! and `helm uninstall` (agents, then the leader, leaving nothing) as users do them.
 //!
 //! This binary has its own `main` (libtest-mimic): it must move into its lab network namespace
@@ -101,6 +101,14 @@ async fn assert_chart_pods(cluster: &TestCluster, app: &str, want: usize, image:
         let spec = pod.spec.expect("spec");
         let psc = spec.security_context.expect("pod securityContext");
         assert_eq!(psc.run_as_non_root, Some(true), "{name}");
+        // The leader's pods run under the UID a restricted SCC assigns, with no fixed group
+        // (pods::RESTRICTED_LEADER_VALUES); the agents' under the chart's default.
+        let (uid, gid) = if app == "tether-leader" {
+            (pods::RESTRICTED_UID, None)
+        } else {
+            (65532, Some(65532))
+        };
+        assert_eq!((psc.run_as_user, psc.run_as_group), (Some(uid), gid), "{name}");
         assert_eq!(
             psc.seccomp_profile.map(|s| s.type_).as_deref(),
             Some("RuntimeDefault"),
@@ -399,7 +407,15 @@ async fn real_pods() {
     let start = Instant::now();
     let tag = pods::app_version();
     let image = format!("{}:{tag}", pods::IMAGE_REPOSITORY);
-    let fleet = pods::up(None, &[("east", Helm::v4()), ("west", Helm::v3())], start).await;
+    // The leader's pods run as OpenShift's restricted-v2 SCC runs them: an arbitrary UID, no
+    // fixed group.
+    let fleet = pods::up(
+        None,
+        &[("east", Helm::v4()), ("west", Helm::v3())],
+        &pods::RESTRICTED_LEADER_VALUES,
+        start,
+    )
+    .await;
     let PodFleet { leader, members, .. } = &fleet;
 
     step(
@@ -436,6 +452,42 @@ async fn real_pods() {
     for (_, cluster, helm) in members {
         run_notes(cluster, helm, "tether-agent");
     }
+
+    step(
+        start,
+        "tether version: both leader pods' versions (their /metrics through the API server), which leads, and each member's agent",
+    );
+    let versions = text(&shell(leader, "tether version -o json"));
+    let v: serde_json::Value = serde_json::from_str(&versions).expect(&versions);
+    let leaders: Vec<&serde_json::Value> = v["controllers"]
+        .as_array()
+        .expect("controllers")
+        .iter()
+        .filter(|c| c["controller"] == "leader")
+        .collect();
+    assert_eq!(leaders.len(), 2, "{versions}");
+    let app = env!("CARGO_PKG_VERSION");
+    assert!(
+        leaders.iter().all(|c| c["version"] == app),
+        "read from tether_build_info, not the image tag ({tag}): {versions}"
+    );
+    assert_eq!(
+        leaders.iter().filter(|c| c["leading"] == true).count(),
+        1,
+        "{versions}"
+    );
+    let agents: Vec<(&str, &str)> = v["agents"]
+        .as_array()
+        .expect("agents")
+        .iter()
+        .map(|a| {
+            (
+                a["member"].as_str().unwrap_or(""),
+                a["version"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(agents, vec![("east", app), ("west", app)], "{versions}");
 
     member_access(start, leader, members).await;
 

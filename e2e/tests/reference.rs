@@ -11,10 +11,20 @@ fn root() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
 
-/// Dotted keys of a values file; free-form maps (`resources`, labels, selectors) are leaves.
+/// Values that are Kubernetes objects as a whole (documented by their key, not field by field).
+const OBJECTS: [&str; 6] = [
+    "resources",
+    "podSecurityContext",
+    "securityContext",
+    "livenessProbe",
+    "readinessProbe",
+    "dashboard.labels",
+];
+
+/// Dotted keys of a values file; free-form maps (Kubernetes objects, labels, selectors) are leaves.
 fn keys(prefix: &str, v: &Value, out: &mut BTreeSet<String>) {
     match v {
-        Value::Object(map) if !map.is_empty() && prefix != "resources" => {
+        Value::Object(map) if !map.is_empty() && !OBJECTS.contains(&prefix) => {
             for (k, child) in map {
                 let key = if prefix.is_empty() {
                     k.clone()

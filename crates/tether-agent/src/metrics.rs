@@ -26,6 +26,7 @@ pub struct Metrics {
     leader: Gauge,
     proxied: Family<ResultLabel, Counter>,
     attaches: Family<ResultLabel, Counter>,
+    tunnel_attached: Gauge,
     credential_expiry: Gauge,
     last_heartbeat: Gauge,
 }
@@ -43,6 +44,7 @@ impl Default for Metrics {
             leader: Gauge::default(),
             proxied: Family::default(),
             attaches: Family::default(),
+            tunnel_attached: Gauge::default(),
             credential_expiry: Gauge::default(),
             last_heartbeat: Gauge::default(),
         };
@@ -90,6 +92,12 @@ impl Default for Metrics {
             m.attaches.clone(),
         );
         registry.register(
+            "tunnel_attached",
+            "1 while this replica's tunnel to the leader is attached (0 with the tunnel off, on a \
+             replica that does not lead, and between attaches)",
+            m.tunnel_attached.clone(),
+        );
+        registry.register(
             "credential_expiry_timestamp_seconds",
             "When the credential the agent holds on the leader expires (Unix seconds; 0 before the \
              first); it is renewed with a third of its lifetime left",
@@ -134,6 +142,7 @@ impl Metrics {
         m.renewal(true);
         m.proxied("ok");
         m.attach("attached");
+        m.set_tunnel_attached(true);
         m.set_leader(true);
         m.set_credential_expiry(None);
         m
@@ -163,6 +172,11 @@ impl Metrics {
     /// Counts a tunnel attach or key proof.
     pub fn attach(&self, result: &'static str) {
         self.attaches.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    /// Records whether the tunnel is attached.
+    pub fn set_tunnel_attached(&self, attached: bool) {
+        self.tunnel_attached.set(attached.into());
     }
 
     /// Records whether this replica leads.

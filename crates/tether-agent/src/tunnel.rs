@@ -142,6 +142,7 @@ pub async fn run(
                 // answers on is redialled as soon as the leader would call it lost.
                 let ping = link.ping();
                 link.set_attached(true);
+                access.metrics.set_tunnel_attached(true);
                 let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                     .timer(TokioTimer::new())
                     .keep_alive_interval(ping)
@@ -167,6 +168,7 @@ pub async fn run(
                     }
                 };
                 link.set_attached(false);
+                access.metrics.set_tunnel_attached(false);
                 match served {
                     Ok(()) => info!("Tunnel to the leader closed; redialling"),
                     Err(e) => warn!(error = %e, "Tunnel to the leader failed; redialling"),

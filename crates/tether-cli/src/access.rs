@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use kube::api::{Api, ListParams};
 use kube::config::{Kubeconfig, NamedContext};
 use kube::{ResourceExt, core::ObjectList};
@@ -108,7 +108,8 @@ async fn find_member(target: &Target, m: MemberRef<'_>) -> anyhow::Result<Locate
                 set: m.set.map(str::to_string),
                 recipient: None,
             }),
-            Err(kube::Error::Api(s)) if s.code == 404 => bail!(
+            Err(kube::Error::Api(s)) if s.code == 404 => crate::bail_code!(
+                NotFound,
                 "no member {name:?} in namespace {ns} on this leader: `kubectl get mcls -A` (or your \
                  admin) tells each member's namespace"
             ),
@@ -128,7 +129,8 @@ async fn find_member(target: &Target, m: MemberRef<'_>) -> anyhow::Result<Locate
         )?;
     let mut items = found.items;
     match (items.pop(), items.is_empty()) {
-        (None, _) => bail!(
+        (None, _) => crate::bail_code!(
+            NotFound,
             "no member {name:?} on this leader{}: `tether status` lists the members",
             m.set.map(|s| format!(" in ClusterSet {s}")).unwrap_or_default()
         ),
@@ -143,7 +145,8 @@ async fn find_member(target: &Target, m: MemberRef<'_>) -> anyhow::Result<Locate
                 .chain(std::iter::once(&last))
                 .map(|m| m.spec.cluster_set.clone())
                 .collect();
-            bail!(
+            crate::bail_code!(
+                Usage,
                 "member {name:?} is in several ClusterSets ({}): pass --clusterset",
                 sets.join(", ")
             )

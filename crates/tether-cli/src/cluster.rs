@@ -4,9 +4,8 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use k8s_openapi::api::coordination::v1::Lease;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config};
+use kube::{Client, Config};
 
 /// The kubeconfig, context and namespace of a command.
 #[derive(Clone, Debug)]
@@ -46,6 +45,23 @@ impl Target {
             .context("cannot use the kubeconfig (check --context)")
     }
 
+    /// The namespace the kubeconfig's context (`--context`, else the current one) names, if it
+    /// names one: where kubectl would work without `-n`.
+    pub fn context_namespace(&self) -> Option<String> {
+        let kubeconfig = match &self.kubeconfig {
+            Some(path) => Kubeconfig::read_from(path).ok()?,
+            None => Kubeconfig::read().ok()?,
+        };
+        let name = self.context.clone().or(kubeconfig.current_context)?;
+        kubeconfig
+            .contexts
+            .into_iter()
+            .find(|c| c.name == name)?
+            .context?
+            .namespace
+            .filter(|ns| !ns.is_empty())
+    }
+
     /// A client of the cluster.
     pub async fn client(&self) -> anyhow::Result<Client> {
         Client::try_from(self.config().await?).context("cannot build a Kubernetes client")
@@ -61,26 +77,6 @@ pub fn ca_pem(config: &Config) -> Option<String> {
         .map(|der| pem::encode(&pem::Pem::new("CERTIFICATE", der.clone())))
         .collect();
     (!pem.is_empty()).then_some(pem)
-}
-
-/// The Tether controllers visible here: the holders of their Leases.
-pub async fn controllers(client: &Client, namespace: &str) -> Vec<(&'static str, String)> {
-    let leases = Api::<Lease>::namespaced(client.clone(), namespace);
-    let mut out = vec![];
-    for (role, name) in [("leader controller", "tether-leader"), ("agent", "tether-agent")] {
-        let holder = match leases.get_opt(name).await {
-            Ok(Some(l)) => l
-                .spec
-                .and_then(|s| s.holder_identity)
-                .filter(|h| !h.is_empty())
-                .map(|h| format!("running (Lease {namespace}/{name} held by {h})"))
-                .unwrap_or_else(|| format!("no active replica (Lease {namespace}/{name} free)")),
-            Ok(None) => format!("not seen (no Lease {namespace}/{name})"),
-            Err(err) => format!("unknown ({err})"),
-        };
-        out.push((role, holder));
-    }
-    out
 }
 
 /// Waits up to `within` until `name` in `api` is gone (`kube::runtime::wait`); false on timeout.

@@ -19,6 +19,7 @@ use tether_join::CaPin;
 use tether_join::discovery::{self, Trust};
 use tether_join::settle::Settle;
 use tether_join::token::{MANAGER, parse_join_group, parse_join_service_account};
+use tether_tunnel::route::is_dns_label;
 
 use crate::cluster::Target;
 
@@ -43,10 +44,11 @@ pub struct JoinArgs {
     /// The leader's CA pin printed by `tether init` (sha256:<hex>).
     #[arg(long)]
     pub ca_cert_hash: Option<String>,
-    /// This cluster's name in the set (a DNS label; default: the kubeconfig context name).
+    /// This cluster's name in the set: a DNS label (default: the kubeconfig context's name, if
+    /// that is one).
     #[arg(long)]
     pub name: Option<String>,
-    /// A join config file written by `tether init --output` (flags override it); the same file
+    /// A join config file written by `tether init --values-file` (flags override it); the same file
     /// is the agent chart's values (`helm install -f`).
     #[arg(long = "config-file", visible_alias = "config", value_name = "FILE")]
     pub config: Option<std::path::PathBuf>,
@@ -79,7 +81,7 @@ impl std::fmt::Debug for JoinArgs {
     }
 }
 
-/// The join config `tether init --output` writes: the agent chart's values (`parentURL`,
+/// The join config `tether init --values-file` writes: the agent chart's values (`parentURL`,
 /// `token`, `caCertHash`, `clusterSet`, `leader.namespace`), so that `helm install -f` takes the
 /// same file. Files of earlier versions (`leaderURL`, `leaderNamespace`) are read too.
 #[derive(Deserialize, Default)]
@@ -142,7 +144,7 @@ fn inputs(args: &JoinArgs) -> anyhow::Result<Inputs> {
         )
         .with_context(|| {
             format!(
-                "{} is not a join config written by `tether init --output`",
+                "{} is not a join config written by `tether init --values-file`",
                 p.display()
             )
         })?,
@@ -191,7 +193,8 @@ async fn check_leader(i: &Inputs) -> anyhow::Result<Option<SetRef>> {
     };
     let user = match review {
         Ok(r) => r.status.and_then(|s| s.user_info).unwrap_or_default(),
-        Err(kube::Error::Api(s)) if s.code == 401 => bail!(
+        Err(kube::Error::Api(s)) if s.code == 401 => crate::bail_code!(
+            Forbidden,
             "the leader rejected the token (expired, deleted or mistyped): create a new one on the leader with \
              `tether token create --clusterset <SET>`; nothing was created here"
         ),
@@ -205,20 +208,58 @@ async fn check_leader(i: &Inputs) -> anyhow::Result<Option<SetRef>> {
         .or_else(|| user.username.as_deref().and_then(parse_join_service_account)))
 }
 
-/// This cluster's name in the set: `--name`, else its kubeconfig context as a DNS label.
+/// This cluster's name in the set: `--name`, else its kubeconfig context's name. Either must be
+/// a DNS label already: a context such as an EKS ARN is refused with a name to pass instead, not
+/// turned into an odd one silently.
 fn cluster_name(target: &Target, name: Option<String>) -> anyhow::Result<String> {
-    let name = name.unwrap_or_else(|| {
-        let ctx = target.context.clone().or_else(|| {
+    const LABEL: &str = "a DNS label: lowercase letters, digits and '-', at most 63 characters, \
+                         starting and ending with a letter or digit";
+    if let Some(name) = name {
+        if !is_dns_label(&name) {
+            crate::bail_code!(
+                Usage,
+                "--name {name:?} is not {LABEL}; for example --name {}",
+                suggest(&name)
+            );
+        }
+        return Ok(name);
+    }
+    let ctx = target
+        .context
+        .clone()
+        .or_else(|| {
             kube::config::Kubeconfig::read()
                 .ok()
                 .and_then(|k| k.current_context)
-        });
-        dns_label(&ctx.unwrap_or_default())
-    });
-    if name.is_empty() {
-        bail!("cannot derive a cluster name from the kubeconfig context: pass --name");
+        })
+        .unwrap_or_default();
+    if is_dns_label(&ctx) {
+        return Ok(ctx);
     }
-    Ok(name)
+    if ctx.is_empty() {
+        crate::bail_code!(
+            Usage,
+            "no kubeconfig context to name this cluster by: pass --name, {LABEL}"
+        );
+    }
+    crate::bail_code!(
+        Usage,
+        "the kubeconfig context {ctx:?} cannot name this cluster in the set (it is not {LABEL}): \
+         pass --name, for example --name {}",
+        suggest(&ctx)
+    )
+}
+
+/// A DNS label to suggest for `name`: its last `/`- or `:`-separated part (an EKS ARN's cluster
+/// name, a GKE context's last field), lowercased, other characters turned to `-`.
+fn suggest(name: &str) -> String {
+    let last = name.rsplit(['/', ':']).find(|p| !p.is_empty()).unwrap_or(name);
+    let label = dns_label(last).trim_matches('-').to_string();
+    if label.is_empty() {
+        "east".to_string()
+    } else {
+        label
+    }
 }
 
 /// The Member ClusterSet `set` that makes the agent join `leader_ns` at `i.leader` as `name`.
@@ -307,7 +348,8 @@ async fn existing_membership(
     set: &str,
 ) -> anyhow::Result<Option<ClusterSet>> {
     if Api::<Namespace>::all(client.clone()).get_opt(ns).await?.is_none() {
-        bail!(
+        crate::bail_code!(
+            NotFound,
             "namespace {ns} does not exist here, so no agent is installed: helm install tether-agent \
              charts/tether-agent -n {ns} --create-namespace (or pass -n with the agent's namespace)"
         );
@@ -315,7 +357,8 @@ async fn existing_membership(
     match sets.get_opt(set).await {
         Ok(s) => Ok(s),
         Err(kube::Error::Api(s)) if s.code == 404 => {
-            bail!(
+            crate::bail_code!(
+                NotFound,
                 "the Tether CRDs are not installed here: helm install tether-agent charts/tether-agent -n {ns}"
             )
         }
@@ -368,7 +411,7 @@ async fn create_and_follow(
     eprintln!("Created Secret {ns}/{TOKEN_SECRET} and ClusterSet {ns}/{set}; waiting for the agent…");
     let outcome = tokio::select! {
         r = follow(sets, &set, timeout) => r,
-        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        _ = tokio::signal::ctrl_c() => Err(crate::exit::fail(crate::exit::Code::Interrupted, "interrupted")),
     };
     match outcome {
         Ok(st) => {
@@ -414,7 +457,8 @@ async fn follow(sets: &Api<ClusterSet>, set: &str, timeout: Duration) -> anyhow:
             bail!("{}: {}", c.reason, c.message);
         }
         if !picked_up && start.elapsed() > Duration::from_secs(30) {
-            bail!(
+            crate::bail_code!(
+                Timeout,
                 "no agent picked up the ClusterSet within 30s: is tether-agent installed and running in this \
                  namespace? (helm install tether-agent charts/tether-agent -n {})",
                 sets.namespace().unwrap_or_default()
@@ -426,7 +470,7 @@ async fn follow(sets: &Api<ClusterSet>, set: &str, timeout: Duration) -> anyhow:
                 .iter()
                 .find(|c| c.status == "False")
                 .map(|c| format!("{}: {}", c.reason, c.message));
-            bail!("not Ready after {timeout:?}: {}", why.unwrap_or(last));
+            crate::bail_code!(Timeout, "not Ready after {timeout:?}: {}", why.unwrap_or(last));
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -520,5 +564,38 @@ mod tests {
         );
         assert_eq!(dns_label(&"x".repeat(80)).len(), 63);
         assert_eq!(dns_label("--"), "");
+    }
+
+    #[test]
+    fn only_dns_labels_name_a_cluster_and_the_error_says_what_to_pass() {
+        let target = |ctx: &str| Target {
+            kubeconfig: None,
+            context: Some(ctx.to_string()),
+            namespace: "tether-system".into(),
+        };
+        let name = |ctx: &str, flag: Option<&str>| cluster_name(&target(ctx), flag.map(str::to_string));
+        assert_eq!(name("east", None).unwrap(), "east");
+        assert_eq!(
+            name("arn:aws:eks:eu-west-1:123:cluster/prod", Some("west")).unwrap(),
+            "west"
+        );
+        let arn = name("arn:aws:eks:eu-west-1:123:cluster/Prod_1", None).unwrap_err();
+        assert_eq!(crate::exit::code_of(&arn), crate::exit::Code::Usage);
+        assert!(
+            arn.to_string().contains("pass --name, for example --name prod-1"),
+            "{arn}"
+        );
+        let gke = name("gke_my-project_europe-west1_fleet-a", None).unwrap_err();
+        assert!(
+            gke.to_string()
+                .contains("--name gke-my-project-europe-west1-fleet-a"),
+            "{gke}"
+        );
+        for bad in ["East", "east_1", "-east", &"x".repeat(64), ""] {
+            let err = name("ctx", Some(bad)).unwrap_err();
+            assert_eq!(crate::exit::code_of(&err), crate::exit::Code::Usage, "{bad}");
+            assert!(err.to_string().contains("is not a DNS label"), "{err}");
+        }
+        assert!(name("", None).unwrap_err().to_string().contains("pass --name"));
     }
 }

@@ -66,7 +66,8 @@ pub async fn leave(target: &Target, args: LeaveArgs) -> anyhow::Result<()> {
         (None, [only]) => only,
         (None, several) => {
             let names: Vec<String> = several.iter().map(|s| s.name_any()).collect();
-            bail!(
+            crate::bail_code!(
+                Usage,
                 "this cluster is a member of several ClusterSets in {ns} ({}): pick one with --clusterset",
                 names.join(", ")
             );
@@ -89,7 +90,8 @@ pub async fn leave(target: &Target, args: LeaveArgs) -> anyhow::Result<()> {
             true
         }
     } else if !wait_deleted(&sets, &name, set.uid(), args.timeout).await? {
-        bail!(
+        crate::bail_code!(
+            Timeout,
             "still leaving after {:?}: is the agent running? (kubectl -n {ns} describe clusterset {name}); \
              `tether leave --clusterset {name} --force` finishes without the leader",
             args.timeout

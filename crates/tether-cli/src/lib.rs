@@ -6,11 +6,13 @@
 pub mod access;
 pub mod cluster;
 pub mod crds;
+pub mod exit;
 pub mod join;
 pub mod leader;
 pub mod leave;
 pub mod output;
 pub mod passthrough;
+pub mod version;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -33,7 +35,9 @@ Then:
   tether --cluster east -- get pods -A     # on the leader: kubectl against member east
   tether member remove east --ban          # on the leader: east out for good
   tether leave                             # on a member
-  tether destroy --clusterset prod         # on the leader")]
+  tether destroy --clusterset prod         # on the leader
+Exit codes: 0 done, 1 error, 2 usage, 3 not found, 4 forbidden, 5 unreachable, 6 timed out,
+130 interrupted (with --cluster: kubectl's own).")]
 pub struct Cli {
     /// Kubeconfig to use (default: $KUBECONFIG, a list of files merged as kubectl does, or
     /// ~/.kube/config).
@@ -43,8 +47,11 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub context: Option<String>,
     /// Namespace of the ClusterSet (leader: the set's home; member: the agent's namespace).
-    #[arg(short = 'n', long, global = true, default_value = "tether-system")]
-    pub namespace: String,
+    /// Default: on the leader, the kubeconfig context's namespace as kubectl would use it, else
+    /// tether-system; for join, leave and uninstall, which address where the agent chart is
+    /// installed rather than where you work, tether-system.
+    #[arg(short = 'n', long, global = true)]
+    pub namespace: Option<String>,
     /// Leader: run kubectl against this member through the leader (`tether --cluster east --
     /// get ns`; as a plugin `kubectl tether --cluster east -- get ns`).
     #[arg(long, value_name = "MEMBER", requires = "kubectl")]
@@ -105,8 +112,13 @@ pub enum Command {
     /// Apply this version's CRDs (the charts' install and upgrade hooks run it).
     #[command(subcommand)]
     Crds(crds::CrdsCommand),
-    /// Print the CLI's version and the Tether controllers it can see.
-    Version,
+    /// The versions that run: this CLI's, each controller replica's in the namespace (which one
+    /// leads), and on a leader every member's agent.
+    Version {
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t = output::Format::Table)]
+        output: output::Format,
+    },
     /// Print shell completions (bash, zsh, fish, powershell, elvish).
     Completions {
         /// The shell.
@@ -153,19 +165,19 @@ pub fn main() -> ExitCode {
         ));
         return match code {
             Ok(c) => ExitCode::from(u8::try_from(c).unwrap_or(1)),
-            Err(err) => {
-                eprintln!("error: {err:#}");
-                ExitCode::FAILURE
-            }
+            Err(err) => failed(&err),
         };
     }
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            ExitCode::FAILURE
-        }
+        Err(err) => failed(&err),
     }
+}
+
+/// Prints `err` and returns its exit code (README, "Exit codes").
+fn failed(err: &anyhow::Error) -> ExitCode {
+    eprintln!("error: {err:#}");
+    exit::code_of(err).exit()
 }
 
 fn invoked_as_plugin() -> bool {
@@ -174,19 +186,37 @@ fn invoked_as_plugin() -> bool {
         .is_some_and(|a| a.rsplit('/').next().is_some_and(|n| n.starts_with("kubectl-")))
 }
 
+/// The namespace when neither `-n` nor the context names one: where both charts install.
+pub const DEFAULT_NAMESPACE: &str = "tether-system";
+
 fn target(cli: &Cli) -> cluster::Target {
-    cluster::Target {
+    let mut target = cluster::Target {
         kubeconfig: cli.kubeconfig.clone(),
         context: cli.context.clone(),
-        namespace: cli.namespace.clone(),
-    }
+        namespace: DEFAULT_NAMESPACE.to_string(),
+    };
+    target.namespace = match (&cli.namespace, &cli.command) {
+        (Some(ns), _) => ns.clone(),
+        // The agent's namespace is the agent chart's release namespace, not the one you work in:
+        // a context's namespace (say, an app team's) would only make `join` say "no agent here".
+        (None, Some(Command::Join(_) | Command::Leave(_) | Command::Uninstall(_) | Command::Crds(_))) => {
+            DEFAULT_NAMESPACE.to_string()
+        }
+        (None, _) => target
+            .context_namespace()
+            .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string()),
+    };
+    target
 }
 
 /// Runs one command.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let target = target(&cli);
     let Some(command) = cli.command else {
-        anyhow::bail!("no command: see `tether --help` (or `tether --cluster <member> -- <kubectl args>`)");
+        bail_code!(
+            Usage,
+            "no command: see `tether --help` (or `tether --cluster <member> -- <kubectl args>`)"
+        );
     };
     match command {
         Command::Init(args) => leader::init(&target, args).await,
@@ -201,22 +231,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Leave(args) => leave::leave(&target, args).await,
         Command::Kubeconfig(args) => access::kubeconfig(&target, args).await,
         Command::Crds(cmd) => crds::crds(&target, cmd).await,
-        Command::Version => version(&target).await,
+        Command::Version { output } => version::version(&target, output).await,
         Command::Completions { .. } => Ok(()),
     }
-}
-
-async fn version(target: &cluster::Target) -> anyhow::Result<()> {
-    println!("tether CLI {VERSION}");
-    match target.client().await {
-        Ok(client) => {
-            for (role, holder) in cluster::controllers(&client, &target.namespace).await {
-                println!("{role}: {holder}");
-            }
-        }
-        Err(err) => println!("(no cluster: {err:#})"),
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -245,6 +262,45 @@ mod tests {
     }
 
     #[test]
+    fn the_namespace_comes_from_n_then_the_context_where_kubectl_would_use_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config");
+        std::fs::write(
+            &file,
+            "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n\
+             users: [{name: u, user: {}}]\ncontexts:\n\
+             - {name: fleet, context: {cluster: c, user: u, namespace: fleet}}\n\
+             - {name: plain, context: {cluster: c, user: u}}\ncurrent-context: fleet\n",
+        )
+        .unwrap();
+        let kubeconfig = format!("--kubeconfig={}", file.display());
+        let ns = |args: &[&str]| {
+            let argv = ["tether", kubeconfig.as_str()]
+                .into_iter()
+                .chain(args.iter().copied());
+            target(&Cli::try_parse_from(argv).unwrap()).namespace
+        };
+        assert_eq!(ns(&["status"]), "fleet", "the current context's namespace");
+        assert_eq!(ns(&["--context", "plain", "status"]), DEFAULT_NAMESPACE);
+        assert_eq!(ns(&["-n", "other", "status"]), "other");
+        assert_eq!(ns(&["member", "list"]), "fleet");
+        let join = [
+            "join",
+            "--leader",
+            "https://l:6443",
+            "--token",
+            "abcdef.0123456789abcdef",
+        ];
+        assert_eq!(
+            ns(&join),
+            DEFAULT_NAMESPACE,
+            "the agent's namespace is the chart's"
+        );
+        assert_eq!(ns(&["leave"]), DEFAULT_NAMESPACE);
+        assert_eq!(ns(&["-n", "agents", "leave"]), "agents");
+    }
+
+    #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();
     }
@@ -267,7 +323,7 @@ mod tests {
             "agents",
         ])
         .unwrap();
-        assert_eq!(cli.namespace, "agents");
+        assert_eq!(cli.namespace.as_deref(), Some("agents"));
         assert!(
             Cli::try_parse_from(["tether", "init"]).is_err(),
             "--clusterset is required"

@@ -1,6 +1,6 @@
 //! `tether approve|deny` and `tether destroy`: an admin's decisions on requests and sets.
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::ResourceExt;
@@ -18,10 +18,13 @@ use super::{DecideArgs, DestroyArgs};
 pub async fn decide(target: &Target, args: DecideArgs, approve: bool) -> anyhow::Result<()> {
     let client = target.client().await?;
     let api = Api::<ClusterRegistrationRequest>::namespaced(client, &target.namespace);
-    let req = api.get_opt(&args.name).await?.with_context(|| {
-        format!(
-            "no registration request {}/{}: list them with `kubectl get clsrr -n {}`",
-            target.namespace, args.name, target.namespace
+    let req = api.get_opt(&args.name).await?.ok_or_else(|| {
+        crate::exit::fail(
+            crate::exit::Code::NotFound,
+            format!(
+                "no registration request {}/{}: list them with `kubectl get clsrr -n {}`",
+                target.namespace, args.name, target.namespace
+            ),
         )
     })?;
     let status = req.status.clone().unwrap_or_default();
@@ -106,7 +109,8 @@ pub async fn destroy(target: &Target, args: DestroyArgs) -> anyhow::Result<()> {
             gone = wait_deleted(&sets, set, existing.uid(), args.wait).await?;
         }
         if !gone {
-            bail!(
+            crate::bail_code!(
+                Timeout,
                 "ClusterSet {set} is still being deleted after {:?}: see `kubectl describe clusterset -n {ns} {set}` \
                  (is the leader controller running? --force finishes without it)",
                 args.wait
@@ -167,7 +171,8 @@ fn destroy_plan(ns: &str, set: &str, members: &[ManagedCluster], requests: usize
 fn confirm(plan: &str, set: &str) -> anyhow::Result<()> {
     use std::io::{BufRead as _, IsTerminal as _, Write as _};
     if !std::io::stdin().is_terminal() {
-        bail!(
+        crate::bail_code!(
+            Usage,
             "{plan}\nnot destroying without confirmation: stdin is not a terminal; pass --yes to confirm, or \
              --dry-run to only see what it would remove"
         );

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use k8s_openapi::api::authentication::v1::{SelfSubjectReview, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
@@ -55,7 +55,10 @@ pub async fn init(target: &Target, args: InitArgs) -> anyhow::Result<()> {
     if let Some(existing) = sets.get_opt(set).await?
         && existing.spec.role != tether_api::clusterset::ClusterSetRole::Leader
     {
-        bail!("{ns}/{set} is a Member ClusterSet: this cluster is a member, not a leader");
+        crate::bail_code!(
+            Usage,
+            "{ns}/{set} is a Member ClusterSet: this cluster is a member, not a leader"
+        );
     }
     sets.patch(set, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&set_obj))
         .await
@@ -83,7 +86,7 @@ pub async fn init(target: &Target, args: InitArgs) -> anyhow::Result<()> {
     };
     let hash = pin_for(&url, &ca).await?;
     let expires = Timestamp::now() + SignedDuration::from_secs(args.token_ttl.as_secs() as i64);
-    if let Some(path) = &args.output {
+    if let Some(path) = &args.values_file {
         let file = join_file(
             &url,
             &token.value,
@@ -121,6 +124,11 @@ pub async fn init(target: &Target, args: InitArgs) -> anyhow::Result<()> {
     println!("{}", helm_command(&url, &token.value, &hash, &set_ref));
     println!(
         "\nThe token expires at {expires}; `tether token create --clusterset {set} -n {ns}` makes another."
+    );
+    println!(
+        "To keep the token off command lines (and out of shell history), write it to a file instead:\n  \
+         tether init --clusterset {set} -n {ns} --values-file join.yaml\n\
+         then `helm install ... -f join.yaml` or `tether join --config-file join.yaml` on each member."
     );
     Ok(())
 }
@@ -172,7 +180,7 @@ async fn published_url(client: &Client) -> Option<String> {
     None
 }
 
-/// The join config `init --output` writes: the agent chart's own values, so one file serves
+/// The join config `init --values-file` writes: the agent chart's own values, so one file serves
 /// `helm install -f` and `tether join --config-file` alike; what is not a value is a comment.
 pub fn join_file(url: &str, token: &str, hash: &str, set: &SetRef, expires: &str) -> anyhow::Result<String> {
     let values = json!({
@@ -183,7 +191,7 @@ pub fn join_file(url: &str, token: &str, hash: &str, set: &SetRef, expires: &str
         "leader": {"namespace": set.namespace},
     });
     Ok(format!(
-        "# Join config of ClusterSet {}/{} (tether init --output). It holds a secret join token,\n\
+        "# Join config of ClusterSet {}/{} (tether init --values-file). It holds a secret join token,\n\
          # valid until {expires}: keep it private. On a member cluster, either:\n\
          #   tether join --config-file <this file> --name <CLUSTER-NAME>\n\
          #   helm install tether-agent charts/tether-agent -n tether-system --create-namespace -f <this file> --set cluster.name=<CLUSTER-NAME>\n{}",
@@ -213,7 +221,8 @@ async fn wait_for_leader(sets: &Api<ClusterSet>, set: &str, wait: Duration) -> a
     };
     match tokio::time::timeout(wait, await_condition(sets.clone(), set, picked_up)).await {
         Ok(r) => r.map(drop).map_err(Into::into),
-        Err(_) => bail!(
+        Err(_) => crate::bail_code!(
+            Timeout,
             "the leader controller has not picked up ClusterSet {set} within {wait:?}: is it installed and \
              running? (helm install tether-leader charts/tether-leader -n tether-system; \
              kubectl -n tether-system logs deploy/tether-leader)"

@@ -2,7 +2,7 @@
 //! and sees who is waiting or refused. Everything is done on the leader cluster with the admin's
 //! own rights, so it works whether or not the leader controller runs.
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -34,7 +34,8 @@ pub async fn member(target: &Target, cmd: MemberCommand) -> anyhow::Result<()> {
 
 fn leader_set(set: &ClusterSet) -> anyhow::Result<()> {
     if set.spec.role != tether_api::clusterset::ClusterSetRole::Leader {
-        bail!(
+        crate::bail_code!(
+            Usage,
             "ClusterSet {} is this cluster's membership, not a set it leads: run this on the leader cluster",
             set.name_any()
         );
@@ -95,7 +96,8 @@ async fn remove(target: &Target, name: &str, clusterset: Option<&str>, ban: bool
         .list(&ListParams::default().labels(&selector))
         .await?;
     let Some(mc) = members.items.into_iter().find(|m| m.name_any() == name) else {
-        bail!(
+        crate::bail_code!(
+            NotFound,
             "no member {name} in ClusterSet {ns}/{set_name}: list them with `tether status --clusterset {set_name}`"
         );
     };

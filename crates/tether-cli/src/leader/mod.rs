@@ -33,7 +33,7 @@ use tether_join::token::MANAGER;
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Examples:\n  tether init --clusterset prod\n  \
                         tether init --clusterset prod --approval manual --token-ttl 2h\n  \
-                        tether init --clusterset prod --leader-url https://leader.example.com:6443 --output join.yaml")]
+                        tether init --clusterset prod --leader-url https://leader.example.com:6443 --values-file join.yaml")]
 pub struct InitArgs {
     /// The ClusterSet ID (a DNS label), e.g. prod.
     #[arg(long)]
@@ -49,9 +49,11 @@ pub struct InitArgs {
     /// kubeconfig's server.
     #[arg(long)]
     pub leader_url: Option<String>,
-    /// Write a join config file (for `tether join --config`) instead of printing the token.
-    #[arg(long)]
-    pub output: Option<std::path::PathBuf>,
+    /// Write the join config to FILE instead of printing the token, so it stays out of shell
+    /// history: the agent chart's values (`helm install -f FILE`) and `tether join --config-file
+    /// FILE` alike. `--output` is its former name.
+    #[arg(long = "values-file", visible_alias = "output", value_name = "FILE")]
+    pub values_file: Option<std::path::PathBuf>,
     /// PEM file of the leader API server's CA (or bundle) that members pin. Default: the
     /// kubeconfig's CA. With several CAs (a CA rotation's overlap), the one the leader's serving
     /// certificate chains to now is pinned.
@@ -196,19 +198,26 @@ pub(crate) async fn pick_set(
     namespace: &str,
 ) -> anyhow::Result<ClusterSet> {
     if let Some(name) = name {
-        return sets.get_opt(name).await?.with_context(|| {
-            format!(
-                "no ClusterSet {namespace}/{name}: list them with `kubectl get clusterset -n {namespace}`"
+        return sets.get_opt(name).await?.ok_or_else(|| {
+            crate::exit::fail(
+                crate::exit::Code::NotFound,
+                format!(
+                    "no ClusterSet {namespace}/{name}: list them with `kubectl get clusterset -n {namespace}`"
+                ),
             )
         });
     }
     let mut all = sets.list(&kube::api::ListParams::default()).await?.items;
     match all.len() {
         1 => Ok(all.remove(0)),
-        0 => anyhow::bail!(
+        0 => crate::bail_code!(
+            NotFound,
             "no ClusterSet in namespace {namespace}: `tether init` (leader) or `tether join` (member)"
         ),
-        _ => anyhow::bail!("several ClusterSets in {namespace}: pick one with --clusterset"),
+        _ => crate::bail_code!(
+            Usage,
+            "several ClusterSets in {namespace}: pick one with --clusterset"
+        ),
     }
 }
 

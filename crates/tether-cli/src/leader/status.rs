@@ -35,7 +35,7 @@ pub async fn status(target: &Target, args: StatusArgs) -> anyhow::Result<()> {
             "No ClusterSet in namespace {ns}.\n\
              On a member with the agent installed: Registered=False (NotJoined); join with\n  \
              tether join --config-file join.yaml --name <CLUSTER-NAME> -n {ns}\n\
-             (the file `tether init --output join.yaml` writes on the leader).\n\
+             (the file `tether init --values-file join.yaml` writes on the leader).\n\
              On the leader: `tether init --clusterset <ID> -n {ns}` creates a set."
         );
         return Ok(());

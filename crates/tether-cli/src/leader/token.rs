@@ -1,6 +1,6 @@
 //! `tether token create|list|delete`: join tokens, listed by ID only.
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::{Client, ResourceExt};
@@ -22,7 +22,8 @@ pub async fn token(target: &Target, cmd: TokenCommand) -> anyhow::Result<()> {
         TokenCommand::Create { clusterset, ttl } => {
             let sets = Api::<ClusterSet>::namespaced(client.clone(), &target.namespace);
             if sets.get_opt(&clusterset).await?.is_none() {
-                bail!(
+                crate::bail_code!(
+                    NotFound,
                     "no ClusterSet {}/{clusterset}: create it with `tether init --clusterset {clusterset}`",
                     target.namespace
                 );

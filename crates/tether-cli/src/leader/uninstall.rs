@@ -81,7 +81,10 @@ async fn stop_leader(client: &kube::Client, ns: &str, wait: Duration) -> anyhow:
             return Ok(());
         }
         if tokio::time::Instant::now() >= deadline {
-            bail!("the leader's {left} pod(s) in {ns} did not stop within {wait:?}");
+            crate::bail_code!(
+                Timeout,
+                "the leader's {left} pod(s) in {ns} did not stop within {wait:?}"
+            );
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
