@@ -88,7 +88,25 @@ async fn member_access() {
 
     step("leader RBAC: who may use managedclusters/proxy");
     grant_proxy(&leader, "east", &["alice", "bob", "carol"]).await;
-    grant_proxy(&leader, "west", &["alice"]).await;
+    // West's grant as the README says to make it: `tether grant` writes the leader's side and
+    // prints the member's.
+    let admin_kubeconfig = leader.cluster.kubeconfig().to_path_buf();
+    let granted = tether_as(
+        &admin_kubeconfig,
+        &["grant", "--cluster", "west", "--user", "alice"],
+    );
+    let printed = String::from_utf8_lossy(&granted.stdout).to_string();
+    assert!(granted.status.success(), "{granted:?}");
+    assert!(
+        printed.contains("--set 'proxy.impersonate.users={alice}'")
+            && printed.contains("--clusterrole=view --user=tether:prod:alice"),
+        "the member's side: {printed}"
+    );
+    let again = tether_as(
+        &admin_kubeconfig,
+        &["grant", "--cluster", "west", "--user", "alice"],
+    );
+    assert!(again.status.success(), "idempotent: {again:?}");
     member_rbac(&east).await;
 
     let alice = through(&leader, "alice", Some("devs"), "east").await;
@@ -452,6 +470,54 @@ async fn member_access() {
     );
     west.start_agent();
     wait_tunnel(&leader, "west", "True").await;
+
+    step("tether grant --revoke: the leader refuses alice on west, and only on west");
+    let revoked = tether_as(
+        &admin_kubeconfig,
+        &["grant", "--cluster", "west", "--user", "alice", "--revoke"],
+    );
+    assert!(revoked.status.success(), "{revoked:?}");
+    // The leader's RBAC refuses her now (before the grant, the request reached west's agent,
+    // which impersonates no one).
+    let err = get(&alice_west, "/api/v1/namespaces", &[]).await.unwrap_err();
+    assert!(
+        err.0 == 403
+            && err.1.contains("User \"alice\" cannot")
+            && err.1.contains("managedclusters/proxy")
+            && !err.1.contains("allows no impersonation"),
+        "{err:?}"
+    );
+    get(&alice, "/api/v1/namespaces", &[])
+        .await
+        .expect("alice still reaches east");
+    let nothing = tether_as(
+        &admin_kubeconfig,
+        &["grant", "--cluster", "west", "--user", "alice", "--revoke"],
+    );
+    assert!(
+        nothing.status.success() && String::from_utf8_lossy(&nothing.stdout).contains("nothing to do"),
+        "{nothing:?}"
+    );
+    // Granted again through her group: the leader lets devs through to west.
+    let group = tether_as(
+        &admin_kubeconfig,
+        &["grant", "--cluster", "west", "--group", "devs"],
+    );
+    assert!(
+        group.status.success() && String::from_utf8_lossy(&group.stdout).contains("--group=tether:prod:devs"),
+        "{group:?}"
+    );
+    eventually(
+        "alice reaches west's agent again, as a member of devs",
+        Duration::from_secs(10),
+        || async {
+            match get(&alice_west, "/api/v1/namespaces", &[]).await {
+                Err((403, body)) if body.contains("member west allows no impersonation") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
 
     step("the front-proxy CA rotates: the serving leader trusts the new CA without a restart");
     let proxy_at = addr(port_a);

@@ -71,11 +71,11 @@ pub struct MemberRef<'a> {
 }
 
 /// Where a member lives on the leader.
-struct Located {
+pub(crate) struct Located {
     /// Its dedicated namespace.
-    namespace: String,
+    pub(crate) namespace: String,
     /// Its ClusterSet, when the user may read its ManagedCluster.
-    set: Option<String>,
+    pub(crate) set: Option<String>,
     /// Its registered key, when the user may read its ManagedCluster.
     recipient: Option<String>,
 }
@@ -93,7 +93,7 @@ impl Located {
 /// Finds member `m` on the leader. With its namespace given, one `get` in that namespace: a
 /// user granted only `managedclusters/proxy` there (and not even `get`) still gets through, as
 /// the proxy request itself is what the leader authorizes. Otherwise, one list by label.
-async fn find_member(target: &Target, m: MemberRef<'_>) -> anyhow::Result<Located> {
+pub(crate) async fn find_member(target: &Target, m: MemberRef<'_>) -> anyhow::Result<Located> {
     let client = target.client().await?;
     let name = m.name;
     if let Some(ns) = m.namespace {

@@ -1,5 +1,5 @@
 //! The `tether` command line: one binary for the leader side (`init`, `token`, `approve`, `deny`,
-//! `member`, `status`, `destroy`, `uninstall`) and the member side (`join`, `leave`), plus `crds`
+//! `member`, `status`, `destroy`, `uninstall`, `kubeconfig`, `grant`) and the member side (`join`, `leave`), plus `crds`
 //! for both charts' hooks. Installed as `kubectl-tether` it is
 //! a kubectl plugin. Every command is idempotent and fails with a message that says what to do.
 
@@ -7,6 +7,7 @@ pub mod access;
 pub mod cluster;
 pub mod crds;
 pub mod exit;
+pub mod grant;
 pub mod join;
 pub mod leader;
 pub mod leave;
@@ -109,6 +110,9 @@ pub enum Command {
     Leave(leave::LeaveArgs),
     /// Leader: print a kubeconfig that reaches a member through the leader (its proxy API).
     Kubeconfig(access::KubeconfigArgs),
+    /// Leader: let a user or group reach a member through the leader (or --revoke it); prints
+    /// the member's side to apply there.
+    Grant(grant::GrantArgs),
     /// Apply this version's CRDs (the charts' install and upgrade hooks run it).
     #[command(subcommand)]
     Crds(crds::CrdsCommand),
@@ -230,6 +234,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Join(args) => join::join(&target, args).await,
         Command::Leave(args) => leave::leave(&target, args).await,
         Command::Kubeconfig(args) => access::kubeconfig(&target, args).await,
+        Command::Grant(args) => grant::grant(&target, args).await,
         Command::Crds(cmd) => crds::crds(&target, cmd).await,
         Command::Version { output } => version::version(&target, output).await,
         Command::Completions { .. } => Ok(()),
