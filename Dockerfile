@@ -8,6 +8,7 @@
 # built on the host with the same cargo command, then
 #   buildah bud --build-arg BINARIES=prebuilt ...
 # puts them into the same final stage; the `build` stage is then never used, so nothing is pulled.
+# `make release` (e2e/release.sh) builds it for linux/amd64 and linux/arm64 that way.
 
 ARG BINARIES=build
 
@@ -24,7 +25,10 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && cp target/x86_64-unknown-linux-musl/release/tether-controller target/x86_64-unknown-linux-musl/release/tether /out/
 
 FROM scratch AS prebuilt
-COPY target/x86_64-unknown-linux-musl/release/tether-controller target/x86_64-unknown-linux-musl/release/tether /out/
+# The Rust target the binaries were built for: `make release` builds the arm64 image from
+# aarch64-unknown-linux-musl binaries (buildah bud --arch arm64 --build-arg RUST_TARGET=...).
+ARG RUST_TARGET=x86_64-unknown-linux-musl
+COPY target/${RUST_TARGET}/release/tether-controller target/${RUST_TARGET}/release/tether /out/
 
 FROM ${BINARIES} AS binaries
 

@@ -5,7 +5,7 @@ include e2e/versions.env
 CARGO ?= cargo
 export CARGO_TERM_PROGRESS_WHEN ?= auto
 
-.PHONY: help demo demo-down tools image generate check-generated fmt lint build test test-compat test-upgrade bench bench-leader bench-agent soak bench-costs bench-proxy bench-liveness clean-tools
+.PHONY: help demo demo-down tools image release generate check-generated fmt lint build test test-compat test-upgrade bench bench-leader bench-agent soak bench-costs bench-proxy bench-liveness clean-tools
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -23,6 +23,9 @@ tools: ## Install the pinned control plane, node binaries, etcd, helm 4 and 3, k
 
 image: tools ## Build the image from the Dockerfile without a daemon or registry (target/images/tether.tar)
 	@bash e2e/image.sh
+
+release: tools ## Build every release artifact into target/release-artifacts (CLI archives, charts, multi-arch image, krew manifest, SBOM, SHA256SUMS; docs/releasing.md)
+	@bash e2e/release.sh
 
 generate: ## Regenerate config/crd from the Rust types and docs/metrics.md from the metric registries
 	$(CARGO) run --locked -q -p tether-api --example crdgen
@@ -44,7 +47,9 @@ lint: ## rustfmt check and clippy with warnings denied
 build: ## Build every crate
 	$(CARGO) build --locked --workspace --all-targets
 
-test: tools check-generated lint image ## Everything CI checks: tools, generated files, lints, the image, unit, real-cluster and real-pod tests
+test: tools check-generated lint image ## Everything CI checks: tools, generated files, lints, the image, the release's quick checks, unit, real-cluster and real-pod tests
+	@echo "== the release's quick checks (e2e/release.sh --quick: the linux/amd64 CLI archive, both charts packaged, the krew manifest validated)"
+	@bash e2e/release.sh --quick
 	@echo "== cargo build -p tether-controller -p tether-cli -p tether-sim (the e2e tests run the real binaries)"
 	$(CARGO) build --locked -p tether-controller -p tether-cli -p tether-sim
 	@echo "== cargo test (real control planes; tests/nodes.rs: real nodes running the image's pods; tests/renewal.rs beside the rest)"

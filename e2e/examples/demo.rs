@@ -61,7 +61,7 @@ async fn up(repo: &Path, root: &Path) {
     let fleet = pods::up(
         Some(root),
         &[("east", Helm::v4()), ("west", Helm::v4())],
-        &[],
+        pods::LeaderInstall::default(),
         start,
     )
     .await;

@@ -6,6 +6,7 @@ pub mod access;
 pub mod fleet;
 pub mod liveness;
 pub mod pods;
+pub mod registry;
 pub mod scale;
 pub mod sim;
 pub mod soak;

@@ -283,6 +283,16 @@ pub struct PodFleet {
     pub init_output: String,
 }
 
+/// How the leader chart is installed.
+#[derive(Clone, Copy, Default)]
+pub struct LeaderInstall<'a> {
+    /// More `helm install` arguments (say, [`RESTRICTED_LEADER_VALUES`]).
+    pub values: &'a [&'a str],
+    /// Package the chart, push it to a local OCI registry and `helm install oci://...` it, as a
+    /// release is installed; otherwise install it from the tree.
+    pub from_oci: bool,
+}
+
 /// The UID OpenShift's restricted-v2 SCC assigns from a namespace's range (the range starts at
 /// 1000680000 on a typical cluster).
 pub const RESTRICTED_UID: i64 = 1_000_680_000;
@@ -305,14 +315,15 @@ pub fn step(start: Instant, what: &str) {
 /// Starts the leader and the members (one node each, in parallel), installs the leader chart,
 /// runs `tether init`, installs the agent chart in each member with the printed values (member
 /// `i` with `helms[i]`; the second in two steps, idle then joined with `init --values-file`'s file),
-/// and waits until every member is Ready at the leader. `leader_values` are more `helm install`
-/// arguments for the leader chart (say, [`RESTRICTED_UID`]'s).
+/// and waits until every member is Ready at the leader.
 pub async fn up(
     root: Option<&Path>,
     members: &[(&str, Helm)],
-    leader_values: &[&str],
+    leader: LeaderInstall<'_>,
     start: Instant,
 ) -> PodFleet {
+    let leader_values = leader.values;
+    let from_oci = leader.from_oci;
     step(
         start,
         "starting the leader and members, each a control plane with one real node",
@@ -367,12 +378,34 @@ pub async fn up(
     let leader_url = format!("leaderURL={}", leader.url());
     step(
         start,
-        "helm install tether-leader --wait (2 replicas, the image's pods)",
+        if from_oci {
+            "helm install tether-leader oci://... --wait: the packaged chart from a local OCI registry (2 replicas, the image's pods)"
+        } else {
+            "helm install tether-leader --wait (2 replicas, the image's pods)"
+        },
     );
+    // From the packaged chart in an OCI registry, as users install a release, or from the tree.
+    let registry = if from_oci {
+        Some(crate::registry::Registry::start().await)
+    } else {
+        None
+    };
+    let (chart, version) = match &registry {
+        Some(r) => {
+            let helm = Tools::locate().expect("tools").path("helm");
+            let reference = r.push_chart(&helm, &repo().join("charts/tether-leader"));
+            step(
+                start,
+                &format!("  the leader chart packaged and pushed: {reference}"),
+            );
+            (reference, Some(app_version()))
+        }
+        None => ("charts/tether-leader".to_string(), None),
+    };
     let mut install = vec![
         "install",
         "tether-leader",
-        "charts/tether-leader",
+        &chart,
         "-n",
         NAMESPACE,
         "--create-namespace",
@@ -382,8 +415,12 @@ pub async fn up(
         "--timeout",
         "3m",
     ];
+    if let Some(v) = &version {
+        install.extend(["--version", v, "--plain-http"]);
+    }
     install.extend_from_slice(leader_values);
     Helm::v4().ok(&leader, &install);
+    drop(registry);
 
     step(start, "tether init --clusterset prod");
     let init = shell(&leader, &format!("tether init --clusterset prod -n {NAMESPACE}"));

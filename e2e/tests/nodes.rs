@@ -407,12 +407,15 @@ async fn real_pods() {
     let start = Instant::now();
     let tag = pods::app_version();
     let image = format!("{}:{tag}", pods::IMAGE_REPOSITORY);
-    // The leader's pods run as OpenShift's restricted-v2 SCC runs them: an arbitrary UID, no
-    // fixed group.
+    // The leader installed from its packaged chart through an OCI registry, as a release is; its
+    // pods run as OpenShift's restricted-v2 SCC runs them: an arbitrary UID, no fixed group.
     let fleet = pods::up(
         None,
         &[("east", Helm::v4()), ("west", Helm::v3())],
-        &pods::RESTRICTED_LEADER_VALUES,
+        pods::LeaderInstall {
+            values: &pods::RESTRICTED_LEADER_VALUES,
+            from_oci: true,
+        },
         start,
     )
     .await;
