@@ -77,53 +77,41 @@ pub async fn version(target: &Target, output: Format) -> anyhow::Result<()> {
             v.namespace
         );
     }
-    if !v.controllers.is_empty() {
-        let rows = v
-            .controllers
-            .iter()
-            .map(|r| {
-                vec![
-                    r.controller.to_string(),
-                    r.pod.clone(),
-                    r.version.clone(),
-                    if r.leading { "yes" } else { "no" }.to_string(),
-                ]
-            })
-            .collect();
+    let controllers: Vec<Vec<String>> = v
+        .controllers
+        .iter()
+        .map(|r| {
+            let leading = if r.leading { "yes" } else { "no" };
+            vec![
+                r.controller.into(),
+                r.pod.clone(),
+                r.version.clone(),
+                leading.into(),
+            ]
+        })
+        .collect();
+    section(&["CONTROLLER", "POD", "VERSION", "LEADING"], controllers)?;
+    let agents: Vec<Vec<String>> = v
+        .agents
+        .iter()
+        .map(|a| {
+            vec![
+                a.clusterset.clone(),
+                a.member.clone(),
+                a.version.clone(),
+                a.ready.clone(),
+            ]
+        })
+        .collect();
+    section(&["CLUSTERSET", "MEMBER", "AGENT VERSION", "READY"], agents)?;
+    Ok(())
+}
+
+/// Prints a blank line and a table of `rows`, if there are any.
+fn section(headers: &[&str], rows: Vec<Vec<String>>) -> anyhow::Result<()> {
+    if !rows.is_empty() {
         println!();
-        print!(
-            "{}",
-            render(
-                Format::Table,
-                &["CONTROLLER", "POD", "VERSION", "LEADING"],
-                rows,
-                &()
-            )?
-        );
-    }
-    if !v.agents.is_empty() {
-        let rows = v
-            .agents
-            .iter()
-            .map(|a| {
-                vec![
-                    a.clusterset.clone(),
-                    a.member.clone(),
-                    a.version.clone(),
-                    a.ready.clone(),
-                ]
-            })
-            .collect();
-        println!();
-        print!(
-            "{}",
-            render(
-                Format::Table,
-                &["CLUSTERSET", "MEMBER", "AGENT VERSION", "READY"],
-                rows,
-                &()
-            )?
-        );
+        print!("{}", render(Format::Table, headers, rows, &())?);
     }
     Ok(())
 }
