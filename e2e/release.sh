@@ -102,7 +102,11 @@ if ! $quick; then
     if zigbuild --locked --release --target "$target" -p tether-cli >"$log" 2>&1; then
       archive "$target" "$os" "$arch"
     else
-      why=$(grep -m1 -E '^error' "$log" || tail -1 "$log")
+      # NB: the linker's own reason (say, a macOS framework zig does not ship) says more than
+      # cargo's "linking failed".
+      why=$(grep -m1 -oE "unable to find framework '[A-Za-z]+'|undefined symbol: [^ ]+" "$log" \
+        || grep -m1 -E '^error' "$log" || tail -1 "$log")
+      [[ $why == *framework* ]] && why+=" (the macOS SDK's frameworks: zig ships none, and the SDK cannot be had here)"
       say "  $os/$arch NOT built: $why (full log: ${log#"$root"/})"
       skipped+=("$os/$arch: $why")
     fi

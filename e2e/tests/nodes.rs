@@ -304,7 +304,10 @@ async fn member_access(start: Instant, leader: &TestCluster, members: &[(String,
     let kubeconfig = east.dir().join("through-leader.kubeconfig");
     let o = shell(
         leader,
-        &format!("tether kubeconfig --cluster east --output-file {}", kubeconfig.display()),
+        &format!(
+            "tether kubeconfig --cluster east --output-file {}",
+            kubeconfig.display()
+        ),
     );
     assert!(o.status.success(), "tether kubeconfig: {}", text(&o));
     for (protocol, websockets) in [("WebSocket", "true"), ("SPDY", "false")] {

@@ -156,12 +156,16 @@ async fn replicas(
     Ok(out)
 }
 
-/// Whether Lease holder `holder` (`<pod>-<pid>`, tether_process::leadership) is pod `pod`.
+/// Whether Lease holder `holder` is pod `pod`: its name, or its name and process id
+/// (`<pod>-<pid>`, tether_process::leadership, when no identity is given).
 fn holds(holder: &str, pod: &str) -> bool {
-    holder
-        .strip_prefix(pod)
-        .and_then(|rest| rest.strip_prefix('-'))
-        .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+    match holder.strip_prefix(pod) {
+        Some("") => true,
+        Some(rest) => rest
+            .strip_prefix('-')
+            .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())),
+        None => false,
+    }
 }
 
 /// The version `pod` runs: `tether_build_info` from its admin port through the API server's pod
@@ -253,7 +257,8 @@ mod tests {
         assert_eq!(build_version("tether_leader_tunnels 3\n"), None);
         assert!(holds("tether-leader-7d9f-x2k4-1", "tether-leader-7d9f-x2k4"));
         assert!(!holds("tether-leader-7d9f-x2k4-1", "tether-leader-7d9f"));
-        assert!(!holds("tether-leader-7d9f-x2k4", "tether-leader-7d9f-x2k4"));
+        assert!(holds("tether-leader-7d9f-x2k4", "tether-leader-7d9f-x2k4"));
+        assert!(!holds("tether-leader-7d9f-x2k4", "tether-leader-7d9f-x2"));
         assert_eq!(image_tag("ghcr.io/tether-dev/tether:0.3.0"), Some("0.3.0"));
         assert_eq!(image_tag("localhost:5000/tether"), None);
         assert_eq!(image_tag("ghcr.io/tether-dev/tether@sha256:ab"), None);

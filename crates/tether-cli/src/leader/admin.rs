@@ -69,22 +69,24 @@ pub async fn destroy(target: &Target, args: DestroyArgs) -> anyhow::Result<()> {
                 names.join(", ")
             );
         }
-        let requests = Api::<ClusterRegistrationRequest>::namespaced(client.clone(), ns)
-            .list(&ListParams::default())
-            .await?
-            .items
-            .len();
-        let tokens = Api::<Secret>::namespaced(client.clone(), TOKEN_NAMESPACE)
-            .list_metadata(&ListParams::default().labels(&selector))
-            .await?
-            .items
-            .len();
-        let plan = destroy_plan(ns, set, &members.items, requests, tokens);
-        if args.dry_run {
-            println!("{plan}\n(dry run: nothing was changed)");
-            return Ok(());
-        }
-        if !args.yes {
+        // NB: the plan is read only to be shown: `--yes` (and `tether uninstall`, whose hook may
+        // not list registration requests) goes straight on.
+        if args.dry_run || !args.yes {
+            let requests = Api::<ClusterRegistrationRequest>::namespaced(client.clone(), ns)
+                .list(&ListParams::default())
+                .await?
+                .items
+                .len();
+            let tokens = Api::<Secret>::namespaced(client.clone(), TOKEN_NAMESPACE)
+                .list_metadata(&ListParams::default().labels(&selector))
+                .await?
+                .items
+                .len();
+            let plan = destroy_plan(ns, set, &members.items, requests, tokens);
+            if args.dry_run {
+                println!("{plan}\n(dry run: nothing was changed)");
+                return Ok(());
+            }
             confirm(&plan, set)?;
         }
         if args.force {
