@@ -221,14 +221,15 @@ pub async fn member_kubeconfig(target: &Target, m: MemberRef<'_>) -> anyhow::Res
     })
 }
 
+/// Writes `text` to `path`, readable by its owner only on Unix (mode 0600); on Windows the file
+/// takes its folder's ACL, as kubectl's own kubeconfig does.
 fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
     use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .mode(0o600)
+    let mut options = std::fs::OpenOptions::new();
+    options.create(true).truncate(true).write(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut f = options
         .open(path)
         .with_context(|| format!("cannot write {}", path.display()))?;
     f.write_all(text.as_bytes())
