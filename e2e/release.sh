@@ -92,6 +92,21 @@ if ! $quick; then
   zigbuild --locked --release --target aarch64-unknown-linux-musl -p tether-controller -p tether-cli \
     || die "linux/arm64 failed to build"
   archive aarch64-unknown-linux-musl linux arm64
+  # Run what can run here: the arm64 binaries under qemu-user (Debian's qemu-user-static,
+  # installed as root if missing).
+  if ! command -v qemu-aarch64-static >/dev/null && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    say "installing qemu-user-static (runs the arm64 binaries here)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-user-static >/dev/null 2>&1 || true
+  fi
+  if command -v qemu-aarch64-static >/dev/null; then
+    for b in tether tether-controller; do
+      qemu-aarch64-static "target/aarch64-unknown-linux-musl/release/$b" --version | grep -q "^$b $version" \
+        || die "the arm64 $b does not run under qemu-user or does not say it is $version"
+    done
+    say "  the arm64 tether and tether-controller run under qemu-user and say $version"
+  else
+    skipped+=("linux/arm64 not run: no qemu-user-static (apt-get install qemu-user-static)")
+  fi
 
   # The CLI for the desktops; each is tried, and a failure is reported with its reason.
   for t in x86_64-apple-darwin:darwin:amd64 aarch64-apple-darwin:darwin:arm64 x86_64-pc-windows-gnu:windows:amd64; do
@@ -125,6 +140,10 @@ if ! $quick; then
       --manifest "$list" -f Dockerfile . >/dev/null
   done
   bah manifest push --quiet --all "$list" "oci-archive:$out/tether-image-$version.oci.tar:$list"
+  platforms=$(bah manifest inspect "$list" | python3 -c 'import json, sys
+print(" ".join(sorted(m["platform"]["os"] + "/" + m["platform"]["architecture"] for m in json.load(sys.stdin)["manifests"])))')
+  [[ $platforms == "linux/amd64 linux/arm64" ]] || die "the image index holds $platforms, not linux/amd64 and linux/arm64"
+  say "  the image index holds $platforms"
   bah manifest rm "$list" >/dev/null 2>&1 || true
   bah rmi --all --force >/dev/null 2>&1 || true
 
@@ -134,11 +153,14 @@ if ! $quick; then
     cargo install --quiet --locked --root "$sbom_dir" cargo-cyclonedx --version "$CARGO_CYCLONEDX_VERSION"
   fi
   say "SBOM (CycloneDX) of the crates the binaries are built from"
+  # NB: it writes one file beside every workspace member's Cargo.toml; the two binaries' are
+  # kept, the rest removed.
+  "$sbom_dir/bin/cargo-cyclonedx" cyclonedx --format json --spec-version 1.5 \
+    --override-filename tether-release.cdx >/dev/null
   for crate in tether-controller tether-cli; do
-    "$sbom_dir/bin/cargo-cyclonedx" cyclonedx --format json --spec-version 1.5 \
-      --manifest-path "crates/$crate/Cargo.toml" --override-filename "$crate.cdx" >/dev/null
-    mv "crates/$crate/$crate.cdx.json" "$out/$crate-$version.cdx.json"
+    mv "crates/$crate/tether-release.cdx.json" "$out/$crate-$version.cdx.json"
   done
+  find . -path ./target -prune -o -name tether-release.cdx.json -exec rm -f {} +
 fi
 
 say "krew plugin manifest (tether.yaml), validated by krew's validate-krew-manifest"
