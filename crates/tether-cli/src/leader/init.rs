@@ -85,6 +85,7 @@ pub async fn init(target: &Target, args: InitArgs) -> anyhow::Result<()> {
         )?,
     };
     let hash = pin_for(&url, &ca).await?;
+    anonymous_discovery(&config).await;
     let expires = Timestamp::now() + SignedDuration::from_secs(args.token_ttl.as_secs() as i64);
     if let Some(path) = &args.values_file {
         let file = join_file(
@@ -286,6 +287,32 @@ pub async fn create_token(
         value: token.status.map(|s| s.token).unwrap_or_default(),
         kind: "ServiceAccount token (bootstrap tokens are not enabled here)",
     })
+}
+
+/// Waits (at most 15 s) until an anonymous caller may read `kube-public/cluster-info`, as a
+/// joining member does before it sends anything: the leader grants that read a moment after it
+/// publishes the ConfigMap, so a join run at once could otherwise be refused. Where it never may
+/// (anonymous authentication off), says what members need instead.
+async fn anonymous_discovery(config: &kube::Config) {
+    use tether_join::discovery::{DISCOVERY_CONFIGMAP, DISCOVERY_NAMESPACE};
+    let mut config = config.clone();
+    config.auth_info = AuthInfo::default();
+    let Ok(client) = Client::try_from(config) else {
+        return;
+    };
+    let api = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client, DISCOVERY_NAMESPACE);
+    let mut last = String::new();
+    for _ in 0..30 {
+        match api.get(DISCOVERY_CONFIGMAP).await {
+            Ok(_) => return,
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!(
+        "warning: anonymous callers cannot read {DISCOVERY_NAMESPACE}/{DISCOVERY_CONFIGMAP} here ({last}): \
+         give members the leader's CA itself (the agent chart's leader.caBundle) besides the pin"
+    );
 }
 
 /// Whether the API server accepts `token`. A new bootstrap token can be refused (401) until the
