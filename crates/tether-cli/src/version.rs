@@ -2,6 +2,9 @@
 //! the namespace (each pod's `tether_build_info` read through the API server's pod proxy, else
 //! its image tag; which one leads), and on a leader every member's agent as the agent reported it.
 
+use std::time::Duration;
+
+use futures::AsyncReadExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
@@ -181,8 +184,7 @@ async fn pod_version(client: &Client, ns: &str, pod: &Pod) -> String {
             "/api/v1/namespaces/{ns}/pods/{}:{port}/proxy/metrics",
             pod.name_any()
         );
-        if let Ok(req) = http::Request::get(path).body(Vec::new())
-            && let Ok(text) = client.request_text(req).await
+        if let Some(text) = read_metrics(client, path).await
             && let Some(v) = build_version(&text)
         {
             return v;
@@ -193,6 +195,30 @@ async fn pod_version(client: &Client, ns: &str, pod: &Pod) -> String {
         .and_then(image_tag)
         .map(|t| format!("{t} (image tag)"))
         .unwrap_or_else(|| "unknown".into())
+}
+
+/// How long `tether version` waits for one pod's metrics.
+const METRICS_TIMEOUT: Duration = Duration::from_secs(5);
+/// How much of one pod's metrics it reads (a whole page is a few tens of KiB).
+const METRICS_LIMIT: u64 = 1 << 20;
+
+/// The metrics text at `path` (a pod proxy URL), at most `METRICS_LIMIT` bytes of it, or `None`
+/// after `METRICS_TIMEOUT`: a wedged or hostile pod can neither hold the command nor fill its
+/// memory.
+async fn read_metrics(client: &Client, path: String) -> Option<String> {
+    read_bounded(client, path, METRICS_TIMEOUT, METRICS_LIMIT).await
+}
+
+/// At most `limit` bytes of the body at `path`, or `None` when it took longer than `timeout`.
+async fn read_bounded(client: &Client, path: String, timeout: Duration, limit: u64) -> Option<String> {
+    let req = http::Request::get(path).body(Vec::new()).ok()?;
+    let read = async {
+        let body = client.request_stream(req).await.ok()?;
+        let mut buf = Vec::new();
+        Box::pin(body).take(limit).read_to_end(&mut buf).await.ok()?;
+        Some(String::from_utf8_lossy(&buf).into_owned())
+    };
+    tokio::time::timeout(timeout, read).await.ok().flatten()
 }
 
 /// The `version` label of `tether_build_info` in a metrics text.
@@ -247,6 +273,71 @@ async fn agents(client: &Client) -> anyhow::Result<Vec<Agent>> {
 
 #[cfg(test)]
 mod tests {
+
+    /// A pod's port that answers `headers`, then writes `body_chunk` over and over (or nothing,
+    /// if empty) until the reader goes: what a wedged or hostile pod behind the pod proxy does.
+    async fn hostile(body_chunk: &'static [u8]) -> Client {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    // The request first: hyper refuses an answer that comes before it.
+                    let mut seen = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match conn.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => seen.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let head =
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n";
+                    if conn.write_all(head).await.is_err() {
+                        return;
+                    }
+                    if body_chunk.is_empty() {
+                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                    }
+                    let chunk = [
+                        format!("{:x}\r\n", body_chunk.len()).as_bytes(),
+                        body_chunk,
+                        b"\r\n",
+                    ]
+                    .concat();
+                    while conn.write_all(&chunk).await.is_ok() {}
+                });
+            }
+        });
+        let config = kube::Config::new(format!("http://{addr}").parse().expect("url"));
+        Client::try_from(config).expect("client")
+    }
+
+    #[tokio::test]
+    async fn a_pod_that_streams_forever_is_read_only_up_to_the_limit() {
+        let client = hostile(b"tether_build_info{version=\"0.3.0\"} 1\n").await;
+        let text = read_bounded(&client, "/metrics".into(), Duration::from_secs(10), 64 << 10)
+            .await
+            .expect("the first 64 KiB");
+        assert_eq!(text.len(), 64 << 10);
+        assert_eq!(build_version(&text).as_deref(), Some("0.3.0"));
+    }
+
+    #[tokio::test]
+    async fn a_pod_that_never_answers_is_given_up_after_the_timeout() {
+        let client = hostile(b"").await;
+        let start = std::time::Instant::now();
+        let read = read_bounded(&client, "/metrics".into(), Duration::from_millis(300), 1 << 20).await;
+        assert!(read.is_none());
+        // NB: it waited (the pod answered, then held), and no longer than the timeout.
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_millis(300) && waited < Duration::from_secs(2),
+            "{waited:?}"
+        );
+    }
+
     use super::*;
 
     #[test]
