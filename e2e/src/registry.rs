@@ -43,8 +43,21 @@ impl Registry {
             _dir: dir,
         };
         tether_testkit::eventually("the registry answers /v2/", Duration::from_secs(20), || async {
-            let out = tokio::net::TcpStream::connect(addr).await;
-            out.map(drop).map_err(|e| e.to_string())
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            let mut conn = tokio::net::TcpStream::connect(addr)
+                .await
+                .map_err(|e| e.to_string())?;
+            conn.write_all(format!("GET /v2/ HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut answer = String::new();
+            conn.read_to_string(&mut answer)
+                .await
+                .map_err(|e| e.to_string())?;
+            match answer.lines().next() {
+                Some(status) if status.split(' ').nth(1) == Some("200") => Ok(()),
+                other => Err(format!("GET /v2/: {other:?}")),
+            }
         })
         .await;
         registry

@@ -99,8 +99,10 @@ async fn member_access() {
     assert!(granted.status.success(), "{granted:?}");
     assert!(
         printed.contains("--set 'proxy.impersonate.users={alice}'")
-            && printed.contains("--clusterrole=view --user=tether:prod:alice"),
-        "the member's side: {printed}"
+            && printed.contains("--clusterrole=view --user=tether:prod:alice")
+            // NB: alice may not list ManagedClusters: the line printed for her names the namespace.
+            && printed.contains("tether --cluster west --member-namespace tether-prod-west-"),
+        "the member's side, and alice's line: {printed}"
     );
     let again = tether_as(
         &admin_kubeconfig,

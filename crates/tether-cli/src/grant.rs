@@ -103,41 +103,20 @@ pub async fn grant(target: &Target, args: GrantArgs) -> anyhow::Result<()> {
     let list_value = if who.kind == "User" { "users" } else { "groups" };
 
     if args.revoke {
-        let Some(mut binding) = bindings.get_opt(GRANT_NAME).await? else {
-            println!("nobody was granted {member}; nothing to do");
-            return Ok(());
-        };
-        let before = binding.subjects.as_ref().map_or(0, Vec::len);
-        let rest: Vec<Subject> = binding
-            .subjects
-            .take()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|s| !who.is(s))
-            .collect();
-        if rest.len() == before {
-            println!(
-                "{} {} was not granted {member}; nothing to do",
-                who.kind.to_lowercase(),
-                who.name
-            );
-            return Ok(());
-        }
-        if rest.is_empty() {
-            // NB: deleting on the condition that nobody was added since it was read.
-            let dp = DeleteParams {
-                preconditions: Some(kube::api::Preconditions {
-                    resource_version: binding.metadata.resource_version.clone(),
-                    uid: None,
-                }),
-                ..DeleteParams::default()
-            };
-            bindings.delete(GRANT_NAME, &dp).await?;
-        } else {
-            binding.subjects = Some(rest);
-            bindings
-                .replace(GRANT_NAME, &PostParams::default(), &binding)
-                .await?;
+        match remove_subject(&bindings, ns, &who).await? {
+            Revoked::NobodyGranted => {
+                println!("nobody was granted {member}; nothing to do");
+                return Ok(());
+            }
+            Revoked::NotGranted => {
+                println!(
+                    "{} {} was not granted {member}; nothing to do",
+                    who.kind.to_lowercase(),
+                    who.name
+                );
+                return Ok(());
+            }
+            Revoked::Removed => {}
         }
         println!(
             "{} {} may no longer reach {member} through the leader (RoleBinding {ns}/{GRANT_NAME}).\n\
@@ -178,14 +157,65 @@ pub async fn grant(target: &Target, args: GrantArgs) -> anyhow::Result<()> {
          helm upgrade tether-agent charts/tether-agent -n tether-system --reuse-values --set '{}'\n  \
          # keep the {list_value} already listed there: helm get values tether-agent -n tether-system\n  \
          kubectl create clusterrolebinding {member_binding} --clusterrole={} {flag}={impersonated}\n\
-         Then, with the leader kubeconfig:\n  \
-         tether --cluster {member} -- get pods -A",
+         Then, with the leader kubeconfig (they may not list ManagedClusters, so they name the namespace):\n  \
+         tether --cluster {member} --member-namespace {ns} -- get pods -A",
         who.kind.to_lowercase(),
         who.name,
         format_args!("proxy.impersonate.{list_value}={{{}}}", who.name),
         args.role,
     );
     Ok(())
+}
+
+/// What `--revoke` found.
+enum Revoked {
+    NobodyGranted,
+    NotGranted,
+    Removed,
+}
+
+/// Removes `who` from the RoleBinding (deleting it with its last subject); a concurrent writer's
+/// subjects are kept (the write is conditional on what was read, and retried).
+async fn remove_subject(bindings: &Api<RoleBinding>, ns: &str, who: &Who<'_>) -> anyhow::Result<Revoked> {
+    for _ in 0..5 {
+        let Some(mut binding) = bindings.get_opt(GRANT_NAME).await? else {
+            return Ok(Revoked::NobodyGranted);
+        };
+        let before = binding.subjects.as_ref().map_or(0, Vec::len);
+        let rest: Vec<Subject> = binding
+            .subjects
+            .take()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|s| !who.is(s))
+            .collect();
+        if rest.len() == before {
+            return Ok(Revoked::NotGranted);
+        }
+        let result = if rest.is_empty() {
+            // NB: deleting on the condition that nobody was added since it was read.
+            let dp = DeleteParams {
+                preconditions: Some(kube::api::Preconditions {
+                    resource_version: binding.metadata.resource_version.clone(),
+                    uid: None,
+                }),
+                ..DeleteParams::default()
+            };
+            bindings.delete(GRANT_NAME, &dp).await.map(drop)
+        } else {
+            binding.subjects = Some(rest);
+            bindings
+                .replace(GRANT_NAME, &PostParams::default(), &binding)
+                .await
+                .map(drop)
+        };
+        match result {
+            Ok(()) => return Ok(Revoked::Removed),
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    anyhow::bail!("RoleBinding {ns}/{GRANT_NAME} kept changing under us; run the command again")
 }
 
 /// Adds `who` to the RoleBinding, creating it if need be; a concurrent writer's subjects are
