@@ -420,25 +420,14 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         leader: opts.leader.clone(),
         sessions: Mutex::default(),
     });
-    let gained = futures::stream::unfold(opts.leader.clone(), |mut rx| async move {
-        loop {
-            rx.changed().await.ok()?;
-            if *rx.borrow_and_update() {
-                return Some(((), rx));
-            }
-        }
-    });
+    let gained = tether_process::leadership::gained(opts.leader.clone());
     // Losing the lease stops every session at once.
     let lost = {
         let ctx = ctx.clone();
-        let mut rx = opts.leader.clone();
-        async move {
-            while rx.changed().await.is_ok() {
-                if !*rx.borrow_and_update() {
-                    ctx.stop_sessions(None).await;
-                }
-            }
-        }
+        tether_process::leadership::lost(opts.leader.clone()).for_each(move |()| {
+            let ctx = ctx.clone();
+            async move { ctx.stop_sessions(None).await }
+        })
     };
     let lost = tokio::spawn(lost);
     let ready = opts.ready;

@@ -27,7 +27,6 @@ pub mod write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::Stream;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
@@ -243,18 +242,6 @@ fn error_policy<K: kube::Resource<DynamicType = ()>>(obj: Arc<K>, err: &Error, c
           "Reconcile failed; retrying");
     ctx.metrics.reconcile_error(err.label());
     Action::requeue(Duration::from_secs(5))
-}
-
-/// A stream that emits each time this replica becomes the leader.
-fn on_gaining(leader: watch::Receiver<bool>) -> impl Stream<Item = ()> + Send + 'static {
-    futures::stream::unfold(leader, |mut rx| async move {
-        loop {
-            rx.changed().await.ok()?;
-            if *rx.borrow_and_update() {
-                return Some(((), rx));
-            }
-        }
-    })
 }
 
 /// Drops what no controller reads from a cached object: `managedFields` is the bulk of a small

@@ -16,10 +16,12 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::streams::{self, take};
+use tether_process::leadership::gained;
+
+use crate::streams;
 use crate::{
-    Context, Options, PROVISIONING_SLOTS, clusterset, discovery, error_policy, health, members, on_gaining,
-    registration, slim, slim_cluster,
+    Context, Options, PROVISIONING_SLOTS, clusterset, discovery, error_policy, health, members, registration,
+    slim, slim_cluster,
 };
 
 /// Runs the leader's controllers until `shutdown` is cancelled.
@@ -39,17 +41,15 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
                 status.credential = None;
             }
         },
-        2,
         None,
     );
     // Sets: primary of the set controller; their spec changes re-queue their requests.
-    let mut sets = streams::watch(Api::<ClusterSet>::all(client.clone()), all, slim, 2, None);
+    let mut sets = streams::watch(Api::<ClusterSet>::all(client.clone()), all, slim, None);
     // ManagedClusters: primary of the member controller, trigger of the set controller.
     let mut clusters = streams::watch(
         Api::<ManagedCluster>::all(client.clone()),
         members_only.clone(),
         slim_cluster,
-        2,
         None,
     );
     // Announces: the member controller's trigger (a heartbeat, or a leave when deleted). Whether
@@ -67,7 +67,6 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         Api::<MemberClusterAnnounce>::all(client.clone()),
         members_only.clone(),
         slim,
-        1,
         Some(announce_sight),
     );
     // Heartbeat Leases: the member controller's trigger (a renewal). Cached as `slim_lease`
@@ -76,7 +75,6 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         Api::<Lease>::all(client.clone()),
         members_only,
         crate::slim_lease,
-        1,
         Some(sight),
     );
     // Tunnel changes at the serving replica: the member controller's trigger too.
@@ -89,15 +87,15 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
     // NB: `Store::wait_until_ready` wakes only its latest waiter, so one task waits for the
     // caches and publishes the result on a watch channel that any number of reconciles can await.
     let (synced_tx, synced) = watch::channel(false);
-    opts.metrics.follow_members(clusters.store.clone());
+    opts.metrics.follow_members(clusters.store());
     let ctx = Arc::new(Context {
         client: client.clone(),
-        sets: sets.store.clone(),
-        clusters: clusters.store.clone(),
-        announces: announces.store.clone(),
-        leases: leases.store.clone(),
+        sets: sets.store(),
+        clusters: clusters.store(),
+        announces: announces.store(),
+        leases: leases.store(),
         nudge,
-        requests: requests.store.clone(),
+        requests: requests.store(),
         health,
         recorder: Recorder::new(client.clone(), reporter),
         leader_ca: opts.leader_ca.clone(),
@@ -113,7 +111,7 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
     // changes (generation) matter: status writes, once a second while members join, would
     // otherwise re-queue every request each time.
     let requests_of_set = {
-        let requests = requests.store.clone();
+        let requests = requests.store();
         move |set: ClusterSet| {
             let ns = set.namespace();
             requests
@@ -124,27 +122,29 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
                 .collect::<Vec<_>>()
         }
     };
-    let set_specs = take(&mut sets.streams).predicate_filter(predicates::generation, Default::default());
+    let set_specs = sets
+        .subscribe()
+        .predicate_filter(predicates::generation, Default::default());
     // NB: no concurrency limit here: kube-runtime holds the reconciles it cannot start in a
     // HashSet and picks from it in hash order, which starved early requests for minutes at 3,000
     // simultaneous registrations (p99 226 s at p50 9 s). Reconciles of decided requests return at
     // once; Pending ones wait for a FIFO semaphore (`Context::provisioning`) instead.
-    let registration = Controller::for_stream(take(&mut requests.streams), requests.store.clone())
+    let registration = Controller::for_stream(requests.subscribe(), requests.store())
         .with_config(cfg.clone().concurrency(0))
         .watches_stream(set_specs, requests_of_set)
-        .reconcile_all_on(on_gaining(opts.leader.clone()))
+        .reconcile_all_on(gained(opts.leader.clone()))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(registration::reconcile, error_policy, ctx.clone())
         .for_each(|_| async {});
 
-    let members = Controller::for_stream(take(&mut clusters.streams), clusters.store.clone())
+    let members = Controller::for_stream(clusters.subscribe(), clusters.store())
         .with_config(cfg.clone())
-        .watches_stream(take(&mut announces.streams), members::owner)
-        .watches_stream(take(&mut leases.streams), members::owner)
+        .watches_stream(announces.subscribe(), members::owner)
+        .watches_stream(leases.subscribe(), members::owner)
         .watches_stream(nudged.map(Ok), |mc: ManagedCluster| {
             Some(ObjectRef::from_obj(&mc))
         })
-        .reconcile_all_on(on_gaining(opts.leader.clone()))
+        .reconcile_all_on(gained(opts.leader.clone()))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(members::reconcile, error_policy, ctx.clone())
         .for_each(|_| async {});
@@ -160,16 +160,16 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         }
     };
     let set_of_request = {
-        let sets = sets.store.clone();
+        let sets = sets.store();
         move |r: ClusterRegistrationRequest| {
             clusterset::set_in(&sets, &r.namespace().unwrap_or_default()).map(|s| clusterset::set_ref(&s))
         }
     };
-    let sets_ctl = Controller::for_stream(take(&mut sets.streams), sets.store.clone())
+    let sets_ctl = Controller::for_stream(sets.subscribe(), sets.store())
         .with_config(cfg)
-        .watches_stream(take(&mut clusters.streams), set_of_member)
-        .watches_stream(take(&mut requests.streams), set_of_request)
-        .reconcile_all_on(on_gaining(opts.leader.clone()))
+        .watches_stream(clusters.subscribe(), set_of_member)
+        .watches_stream(requests.subscribe(), set_of_request)
+        .reconcile_all_on(gained(opts.leader.clone()))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(clusterset::reconcile, error_policy, ctx.clone())
         .for_each(|_| async {});
@@ -198,6 +198,14 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
             opts.ready.send_replace(true);
         }
     };
+    // NB: every consumer has subscribed; the watches start now, so none misses an object.
+    let drivers = [
+        requests.start(),
+        sets.start(),
+        clusters.start(),
+        announces.start(),
+        leases.start(),
+    ];
     futures::join!(registration, members, sets_ctl, ready);
     publish.abort();
     roles.abort();
@@ -205,13 +213,7 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
     if let Some(p) = proxy {
         let _ = p.await;
     }
-    for driver in [
-        requests.driver,
-        sets.driver,
-        clusters.driver,
-        announces.driver,
-        leases.driver,
-    ] {
+    for driver in drivers {
         driver.abort();
     }
     info!("Leader controllers stopped");

@@ -39,6 +39,28 @@ impl Leadership {
     }
 }
 
+/// Emits each time `leader` turns to "this replica leads" (not for its value at the start):
+/// what controllers reconcile everything again on. Ends with the sender.
+pub fn gained(leader: watch::Receiver<bool>) -> impl futures::Stream<Item = ()> + Send + 'static {
+    turns(leader, true)
+}
+
+/// Emits each time `leader` turns to "this replica does not lead". Ends with the sender.
+pub fn lost(leader: watch::Receiver<bool>) -> impl futures::Stream<Item = ()> + Send + 'static {
+    turns(leader, false)
+}
+
+fn turns(leader: watch::Receiver<bool>, to: bool) -> impl futures::Stream<Item = ()> + Send + 'static {
+    futures::stream::unfold(leader, move |mut rx| async move {
+        loop {
+            rx.changed().await.ok()?;
+            if *rx.borrow_and_update() == to {
+                return Some(((), rx));
+            }
+        }
+    })
+}
+
 /// This replica's identity in the Lease: `--identity`, else the host name plus the process id.
 pub fn identity(args: &ProcessArgs) -> String {
     args.identity.clone().unwrap_or_else(|| {
@@ -192,4 +214,36 @@ fn holder(lease: &Lease) -> Option<String> {
         .as_ref()
         .and_then(|s| s.holder_identity.clone())
         .filter(|h| !h.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::StreamExt as _;
+    use tokio::sync::watch;
+
+    /// The next item of `s`, or `None` if none came within 100 ms.
+    async fn next(s: &mut (impl futures::Stream<Item = ()> + Unpin)) -> Option<()> {
+        tokio::time::timeout(Duration::from_millis(100), s.next())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    #[tokio::test]
+    async fn gained_and_lost_follow_each_turn_and_end_with_the_sender() {
+        let (tx, rx) = watch::channel(true);
+        let mut gained = Box::pin(super::gained(rx.clone()));
+        let mut lost = Box::pin(super::lost(rx));
+        // The value at the start is no turn.
+        assert_eq!(next(&mut gained).await, None);
+        tx.send_replace(false);
+        assert_eq!((next(&mut lost).await, next(&mut gained).await), (Some(()), None));
+        tx.send_replace(true);
+        assert_eq!((next(&mut gained).await, next(&mut lost).await), (Some(()), None));
+        drop(tx);
+        assert_eq!(gained.next().await, None, "ends with the sender");
+        assert_eq!(lost.next().await, None, "ends with the sender");
+    }
 }
