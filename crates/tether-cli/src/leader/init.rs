@@ -301,13 +301,19 @@ async fn anonymous_discovery(config: &kube::Config) {
         return;
     };
     let api = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client, DISCOVERY_NAMESPACE);
-    let mut last = String::new();
-    for _ in 0..30 {
-        match api.get(DISCOVERY_CONFIGMAP).await {
-            Ok(_) => return,
-            Err(e) => last = e.to_string(),
+    let mut last = String::from("no answer");
+    // NB: one deadline over the tries, so a hanging API server cannot stretch the 15 s.
+    let tries = async {
+        loop {
+            match api.get(DISCOVERY_CONFIGMAP).await {
+                Ok(_) => return true,
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    if tokio::time::timeout(Duration::from_secs(15), tries).await.is_ok() {
+        return;
     }
     eprintln!(
         "warning: anonymous callers cannot read {DISCOVERY_NAMESPACE}/{DISCOVERY_CONFIGMAP} here ({last}): \
