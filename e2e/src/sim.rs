@@ -119,6 +119,7 @@ impl Leader {
             leader_url: cluster.url().to_string(),
             proxy: None,
             denied_retention,
+            cluster_profiles: false,
         };
         tokio::spawn(tether_leader::run(as_leader, opts, stop.clone()));
         Self {

@@ -1,6 +1,7 @@
 //! Writes every generated file (`make generate`): the CRDs in `config/crd/`, their copies in each
 //! chart's `crds/`, each chart's copy of its controller's RBAC from `config/rbac/`, and the leader
-//! chart's copies of `config/proxy/leader-proxy.yaml` and `config/policy/leader-scope.yaml`. With
+//! chart's copies of `config/proxy/leader-proxy.yaml`, `config/policy/leader-scope.yaml` and
+//! `config/rbac/leader-inventory.yaml`. With
 //! `--check` it writes nothing and fails if a committed file differs (`make check-generated`).
 
 use std::path::{Path, PathBuf};
@@ -9,9 +10,10 @@ use std::process::ExitCode;
 use tether_api::crds::Side;
 
 /// Files under `config/` the leader chart installs, and their copies' names under its `files/`.
-const LEADER_FILES: [(&str, &str); 2] = [
+const LEADER_FILES: [(&str, &str); 3] = [
     ("proxy/leader-proxy.yaml", "proxy.yaml"),
     ("policy/leader-scope.yaml", "admission-policy.yaml"),
+    ("rbac/leader-inventory.yaml", "rbac-inventory.yaml"),
 ];
 
 /// The charts, the RBAC file each one installs and the side whose CRDs it ships.

@@ -130,6 +130,41 @@ pub struct LeaderSpec {
     #[schemars(length(max = MAX_BANNED_CLUSTERS))]
     #[x_kube(merge_strategy = ListMerge::Set)]
     pub banned_cluster_ids: Vec<ClusterRef>,
+    /// Where the set's members are published for tools outside Tether, as SIG-Multicluster
+    /// ClusterProfiles (`multicluster.x-k8s.io`), when the leader runs with them enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inventory: Option<InventorySpec>,
+}
+
+/// Most inventory namespaces of a set.
+pub const MAX_INVENTORY_NAMESPACES: u32 = 16;
+
+/// Where a set's members are published as ClusterProfiles.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct InventorySpec {
+    /// Namespaces that get one ClusterProfile per member (consumers such as Kueue read only
+    /// their own namespace). Each must exist; the leader creates none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_INVENTORY_NAMESPACES))]
+    #[x_kube(merge_strategy = ListMerge::Set)]
+    pub namespaces: Vec<InventoryNamespace>,
+}
+
+/// A namespace name (a DNS-1123 label).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(transparent)]
+pub struct InventoryNamespace(
+    #[schemars(regex(pattern = DNS1123_LABEL), length(min = 1, max = 63))] pub String,
+);
+
+impl LeaderSpec {
+    /// The namespaces the set's members are published into as ClusterProfiles.
+    pub fn inventory_namespaces(&self) -> impl Iterator<Item = &str> {
+        self.inventory
+            .iter()
+            .flat_map(|i| i.namespaces.iter().map(|n| n.0.as_str()))
+    }
 }
 
 impl Default for LeaderSpec {
@@ -144,6 +179,7 @@ impl Default for LeaderSpec {
             tunnel_ping_misses: default_tunnel_ping_misses(),
             credential_ttl: default_credential_ttl(),
             banned_cluster_ids: Vec::new(),
+            inventory: None,
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod clusterset;
 pub mod conditions;
 pub mod crds;
 pub mod duration;
+pub mod inventory;
 pub mod managedcluster;
 pub mod registration;
 pub mod setref;
@@ -55,6 +56,8 @@ pub mod labels {
     pub const CLUSTER_NAME: &str = "multicluster.tether.dev/cluster-name";
     /// The member's cluster ID.
     pub const CLUSTER_ID: &str = "multicluster.tether.dev/cluster-id";
+    /// On a member's ClusterProfile: the member's dedicated namespace on the leader.
+    pub const MEMBER_NAMESPACE: &str = "multicluster.tether.dev/member-namespace";
     /// Which Tether component manages an object.
     pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 

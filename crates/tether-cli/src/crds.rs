@@ -27,7 +27,22 @@ pub enum CrdsCommand {
         /// Which chart's CRDs: the leader's (every kind) or a member's (ClusterSet, ClusterProperty).
         #[arg(long, value_enum)]
         side: SideArg,
+        /// Also apply SIG-Multicluster's ClusterProfile CRD (cluster-inventory-api, as
+        /// published), for the leader's `--cluster-profiles`. One that another cluster manager
+        /// installed is left as it is.
+        #[arg(long)]
+        cluster_profiles: bool,
     },
+}
+
+/// The upstream ClusterProfile CRD, as cluster-inventory-api publishes it (see
+/// `tether_api::inventory::UPSTREAM_VERSION`).
+pub const CLUSTER_PROFILE_CRD: &str =
+    include_str!("../../../config/upstream/multicluster.x-k8s.io_clusterprofiles.yaml");
+
+/// The upstream ClusterProfile CRD, parsed.
+pub fn cluster_profile_crd() -> anyhow::Result<CustomResourceDefinition> {
+    serde_norway::from_str(CLUSTER_PROFILE_CRD).context("the bundled ClusterProfile CRD does not parse")
 }
 
 /// `--side`.
@@ -51,13 +66,27 @@ pub fn may_replace(theirs: Option<&str>) -> bool {
 
 /// `tether crds apply`.
 pub async fn crds(target: &Target, cmd: CrdsCommand) -> anyhow::Result<()> {
-    let CrdsCommand::Apply { side } = cmd;
+    let CrdsCommand::Apply {
+        side,
+        cluster_profiles,
+    } = cmd;
     let side = match side {
         SideArg::Leader => Side::Leader,
         SideArg::Agent => Side::Agent,
     };
+    if cluster_profiles && side != Side::Leader {
+        crate::bail_code!(
+            Usage,
+            "--cluster-profiles goes with --side leader: members publish no ClusterProfiles"
+        );
+    }
     let api = Api::<CustomResourceDefinition>::all(target.client().await?);
-    for (_, mut crd) in for_side(side) {
+    let mut crds: Vec<(CustomResourceDefinition, bool)> =
+        for_side(side).into_iter().map(|(_, c)| (c, false)).collect();
+    if cluster_profiles {
+        crds.push((cluster_profile_crd()?, true));
+    }
+    for (mut crd, upstream) in crds {
         let name = crd.metadata.name.clone().unwrap_or_default();
         let existing = api
             .get_opt(&name)
@@ -68,6 +97,10 @@ pub async fn crds(target: &Target, cmd: CrdsCommand) -> anyhow::Result<()> {
             .and_then(|c| c.metadata.annotations.as_ref())
             .and_then(|a| a.get(APPLIED_BY))
             .cloned();
+        if upstream && existing.is_some() && theirs.is_none() {
+            println!("CRD {name} was installed by someone else (another cluster manager): left as it is");
+            continue;
+        }
         if !may_replace(theirs.as_deref()) {
             println!(
                 "CRD {name} was applied by Tether {} (newer than {VERSION}): left as it is",

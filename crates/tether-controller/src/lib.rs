@@ -118,6 +118,11 @@ pub struct LeaderArgs {
     /// (10,000 members, 10,000 series), hence off by default.
     #[arg(long, env = "TETHER_MEMBER_METRICS")]
     pub member_metrics: bool,
+    /// Publish every member as a SIG-Multicluster ClusterProfile in the inventory namespaces
+    /// its ClusterSet lists (`spec.leader.inventory.namespaces`). Needs the upstream
+    /// ClusterProfile CRD (`tether crds apply --side leader --cluster-profiles`).
+    #[arg(long, env = "TETHER_CLUSTER_PROFILES")]
+    pub cluster_profiles: bool,
 }
 
 /// `--proxy-cert-validity`: a duration of at least a minute (a shorter one would renew the
@@ -230,6 +235,7 @@ async fn run_leader(args: LeaderArgs) -> anyhow::Result<()> {
         leader_url,
         proxy,
         denied_retention: args.denied_request_retention,
+        cluster_profiles: args.cluster_profiles,
     };
     tether_leader::run(client, opts, p.shutdown.clone()).await;
     p.stopped().await;

@@ -10,6 +10,7 @@ pub mod cleanup;
 pub mod clusterset;
 pub mod discovery;
 pub mod health;
+pub mod inventory;
 pub mod members;
 pub mod metrics;
 pub mod naming;
@@ -59,6 +60,8 @@ pub struct Options {
     /// How long a request the policy denied is kept (so its reason can be read) before it is
     /// deleted; an admin's denial is kept until someone deletes it.
     pub denied_retention: std::time::Duration,
+    /// Publish members as ClusterProfiles (the upstream CRD is installed).
+    pub cluster_profiles: bool,
 }
 
 /// Shared state of the leader's reconcilers.
@@ -277,6 +280,35 @@ pub(crate) fn slim_lease(lease: &mut k8s_openapi::api::coordination::v1::Lease) 
 
 /// As `slim`; of a ManagedCluster's status only the Ready condition is kept: the capacity,
 /// nodes and versions the agent reports are for users, and no leader controller reads them.
+/// What the ClusterProfile publisher reads of a member, besides what `slim_cluster` keeps: its
+/// Kubernetes version, platform, capacity and allocatable resources, and the health it reports.
+fn slim_cluster_for_inventory(mc: &mut ManagedCluster) {
+    let kept = mc.status.as_mut().map(|s| {
+        let health = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == tether_api::conditions::ConditionType::ApiServerHealthy)
+            .cloned();
+        (
+            s.kubernetes_version.take(),
+            s.platform.take(),
+            std::mem::take(&mut s.capacity),
+            std::mem::take(&mut s.allocatable),
+            health,
+        )
+    });
+    slim_cluster(mc);
+    if let (Some(status), Some((version, platform, capacity, allocatable, health))) =
+        (mc.status.as_mut(), kept)
+    {
+        status.kubernetes_version = version;
+        status.platform = platform;
+        status.capacity = capacity;
+        status.allocatable = allocatable;
+        status.conditions.extend(health);
+    }
+}
+
 fn slim_cluster(mc: &mut ManagedCluster) {
     slim(mc);
     if let Some(status) = mc.status.as_mut() {

@@ -42,6 +42,11 @@ struct MemberReadyLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabel {
+    op: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
     reason: &'static str,
 }
@@ -65,6 +70,7 @@ pub struct Metrics {
     tunnel_revocations: Family<ReasonLabel, Counter>,
     connections: Gauge,
     connections_refused: Counter,
+    inventory_writes: Family<OpLabel, Counter>,
     /// The members' cache, read at each scrape for `member_ready` (only when turned on).
     member_ready: Option<Arc<std::sync::OnceLock<kube::runtime::reflector::Store<ManagedCluster>>>>,
 }
@@ -89,6 +95,12 @@ impl Default for Metrics {
         let tunnel_revocations = Family::<ReasonLabel, Counter>::default();
         let connections = Gauge::default();
         let connections_refused = Counter::default();
+        let inventory_writes = Family::<OpLabel, Counter>::default();
+        registry.register(
+            "inventory_writes",
+            "Writes of members' ClusterProfiles, by operation (apply, status, delete): none at steady state",
+            inventory_writes.clone(),
+        );
         // NB: both series exist from the start, so that an alert on `failed` sees its first rise.
         for result in ["renewed", "failed"] {
             let _ = cert_renewals.get_or_create(&ResultLabel { result });
@@ -179,6 +191,7 @@ impl Default for Metrics {
             tunnel_revocations,
             connections,
             connections_refused,
+            inventory_writes,
             member_ready: None,
         }
     }
@@ -200,6 +213,11 @@ impl Metrics {
     /// Counts a decided registration (`Approved` or a denial reason).
     pub fn registrations(&self, result: &'static str) {
         self.registrations.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    /// Counts a write of a member's ClusterProfile (`apply`, `status`, `delete`).
+    pub fn inventory_write(&self, op: &'static str) {
+        self.inventory_writes.get_or_create(&OpLabel { op }).inc();
     }
 
     /// Counts a failed reconcile.
@@ -225,6 +243,7 @@ impl Metrics {
         m.tunnel_revoked("member_removed");
         m.proxy_connection(0);
         m.proxy_connection_refused();
+        m.inventory_write("apply");
         let m = m.with_member_ready();
         let (store, mut writer) = kube::runtime::reflector::store::<ManagedCluster>();
         let mut mc = ManagedCluster::new(

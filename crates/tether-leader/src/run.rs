@@ -11,6 +11,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Api, Client, ResourceExt};
+use tether_api::inventory::{CLUSTER_MANAGER, CLUSTER_MANAGER_LABEL, ClusterProfile};
 use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, MemberClusterAnnounce, labels};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -20,8 +21,8 @@ use tether_process::leadership::gained;
 
 use crate::streams;
 use crate::{
-    Context, Options, PROVISIONING_SLOTS, clusterset, discovery, error_policy, health, members, registration,
-    slim, slim_cluster,
+    Context, Options, PROVISIONING_SLOTS, clusterset, discovery, error_policy, health, inventory, members,
+    registration, slim, slim_cluster,
 };
 
 /// Runs the leader's controllers until `shutdown` is cancelled.
@@ -49,9 +50,22 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
     let mut clusters = streams::watch(
         Api::<ManagedCluster>::all(client.clone()),
         members_only.clone(),
-        slim_cluster,
+        if opts.cluster_profiles {
+            crate::slim_cluster_for_inventory
+        } else {
+            slim_cluster
+        },
         None,
     );
+    // The members' ClusterProfiles (only Tether's): the publisher's cache and trigger.
+    let mut profiles = opts.cluster_profiles.then(|| {
+        streams::watch(
+            Api::<ClusterProfile>::all(client.clone()),
+            watcher::Config::default().labels(&format!("{CLUSTER_MANAGER_LABEL}={CLUSTER_MANAGER}")),
+            slim,
+            None,
+        )
+    });
     // Announces: the member controller's trigger (a heartbeat, or a leave when deleted). Whether
     // this watch works says whether the leader can see heartbeats at all.
     let health = Arc::new(health::Tracker::default());
@@ -174,6 +188,33 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         .run(clusterset::reconcile, error_policy, ctx.clone())
         .for_each(|_| async {});
 
+    // Members published as ClusterProfiles, when the upstream CRD is installed.
+    let inventory = match profiles.as_mut() {
+        Some(profiles) => {
+            let access = inventory::Access {
+                server: opts.leader_url.clone(),
+                ca_pem: opts.leader_ca.clone(),
+            };
+            let set_specs = sets
+                .subscribe()
+                .predicate_filter(predicates::generation, Default::default());
+            let store = profiles.store();
+            let run = inventory::run(
+                ctx.clone(),
+                access,
+                store.clone(),
+                clusters.subscribe(),
+                set_specs,
+                profiles.subscribe(),
+                gained(opts.leader.clone()),
+            );
+            Some(tokio::spawn(async move {
+                let _ = store.wait_until_ready().await;
+                run.await
+            }))
+        }
+        None => None,
+    };
     let publish = tokio::spawn(publish_discovery(
         ctx.clone(),
         opts.leader_url.clone(),
@@ -199,15 +240,19 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         }
     };
     // NB: every consumer has subscribed; the watches start now, so none misses an object.
-    let drivers = [
+    let mut drivers = vec![
         requests.start(),
         sets.start(),
         clusters.start(),
         announces.start(),
         leases.start(),
     ];
+    drivers.extend(profiles.map(streams::Watch::start));
     futures::join!(registration, members, sets_ctl, ready);
     publish.abort();
+    if let Some(i) = inventory {
+        i.abort();
+    }
     roles.abort();
     terms.abort();
     if let Some(p) = proxy {
