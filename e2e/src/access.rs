@@ -143,13 +143,17 @@ pub async fn sealed(leader: &LeaderSide, name: &str, user: &str, token: &str) ->
         .to_string()
 }
 
-/// Member side, as its admin sets it: the agent may impersonate exactly the prefixed names of
-/// leader `users` and `groups` of set `prod` (`resourceNames`), nothing else.
+/// Member side, as its admin sets it: the agent may impersonate exactly the names on the member
+/// of leader `users` and `groups` of set `prod` (`resourceNames`), nothing else.
 pub async fn allow_impersonation(m: &crate::fleet::MemberSide, users: &[&str], groups: &[&str]) {
     let names = |kind: &str, names: &[&str]| {
         let prefixed: Vec<String> = names
             .iter()
-            .map(|n| tether_tunnel::identity::prefixed(crate::sim::SET, n))
+            .map(|n| match kind {
+                "users" => tether_tunnel::identity::member_user(crate::sim::SET, n)
+                    .expect("a user the agent impersonates"),
+                _ => tether_tunnel::identity::prefixed(crate::sim::SET, n),
+            })
             .collect();
         json!({"apiGroups": [""], "resources": [kind], "verbs": ["impersonate"], "resourceNames": prefixed})
     };

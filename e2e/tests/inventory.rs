@@ -50,6 +50,11 @@ fn step(what: &str) {
 const INVENTORY: &str = "inventory";
 const KUEUE: &str = "kueue-system";
 const FORBIDDEN: &str = "not-granted";
+/// Leader ServiceAccounts using the profiles: one granted on both sides, one granted on the
+/// leader only (the member's RBAC gives it nothing), one granted nowhere.
+const CONSUMER: &str = "system:serviceaccount:apps:consumer";
+const OUTSIDER: &str = "system:serviceaccount:apps:outsider";
+const STRANGER: &str = "system:serviceaccount:apps:stranger";
 /// Pings every second, lost after two unanswered: a member is Unknown 3 s after its tunnel closes.
 const DETECTION: Duration = Duration::from_secs(3);
 const SLACK: Duration = Duration::from_secs(4);
@@ -291,6 +296,150 @@ async fn check_profile(leader: &LeaderSide, member: &fleet::MemberSide, name: &s
     );
 }
 
+async fn tether(leader: &LeaderSide, args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(binary("tether").expect("tether binary"))
+        .arg(format!("--kubeconfig={}", leader.cluster.kubeconfig().display()))
+        .args(args)
+        .output()
+        .await
+        .expect("run tether")
+}
+
+/// A client of member `name` built from its profile in the inventory namespace, as a
+/// ClusterProfile consumer builds it: the access provider's cluster entry and `tether credential`
+/// as the exec plugin, reading the token of leader ServiceAccount `sa` from a file.
+async fn client_from_profile(leader: &LeaderSide, name: &str, sa: &str, dir: &std::path::Path) -> Client {
+    let (ns, sa_name) = sa
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|s| s.split_once(':'))
+        .expect("a ServiceAccount");
+    let token = tether_e2e::service_account_token(&leader.admin, ns, sa_name)
+        .await
+        .expect("token");
+    let file = dir.join(format!("{sa_name}.token"));
+    std::fs::write(&file, token).expect("token file");
+    let p = profiles(&leader.admin, INVENTORY)
+        .get(name)
+        .await
+        .expect("profile");
+    let provider = p
+        .status
+        .and_then(|s| s.access_providers.into_iter().find(|a| a.name == "tether"))
+        .expect("the tether access provider");
+    let kubeconfig: kube::config::Kubeconfig = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "m", "cluster": provider.cluster}],
+        "users": [{"name": "u", "user": {"exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": binary("tether").expect("tether binary"),
+            "args": ["credential", "--token-file", file],
+            "provideClusterInfo": true, "interactiveMode": "Never"}}}],
+        "contexts": [{"name": "c", "context": {"cluster": "m", "user": "u"}}],
+    }))
+    .expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("config");
+    Client::try_from(config).expect("client")
+}
+
+async fn node_names(client: &Client) -> Result<Vec<String>, kube::Error> {
+    let mut names: Vec<String> = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|n| n.name_any())
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+async fn consumers_reach_members(leader: &LeaderSide, members: &[(&str, &fleet::MemberSide)]) {
+    let admin = &leader.admin;
+    create_namespace(admin, "apps").await.expect("namespace");
+    for sa in [CONSUMER, OUTSIDER, STRANGER] {
+        let name = sa.rsplit(':').next().expect("name");
+        apply(
+            admin,
+            Some("apps"),
+            json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": name, "namespace": "apps"}}),
+        )
+        .await;
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    for &(name, m) in members {
+        for sa in [CONSUMER, OUTSIDER] {
+            let out = tether(leader, &["grant", "--cluster", name, "--user", sa]).await;
+            let said = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "tether grant {sa}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let member_name = format!(
+                "tether:{SET}:serviceaccount:apps:{}",
+                sa.rsplit(':').next().expect("name")
+            );
+            assert!(
+                said.contains(&format!("--user={member_name}")),
+                "grant prints the member's name: {said}"
+            );
+        }
+        // The member's own RBAC: the consumer may list nodes there, the outsider nothing.
+        tether_e2e::access::allow_impersonation(m, &[CONSUMER, OUTSIDER], &[]).await;
+        apply(
+            &m.admin,
+            None,
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": "node-reader"},
+            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]}),
+        )
+        .await;
+        apply(&m.admin, None, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": "consumer-node-reader"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "node-reader"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                          "name": format!("tether:{SET}:serviceaccount:apps:consumer")}]}))
+        .await;
+
+        let own = node_names(&m.admin).await.expect("the member's own nodes");
+        let consumer = client_from_profile(leader, name, CONSUMER, dir.path()).await;
+        eventually(
+            &format!("{name}'s nodes through its profile"),
+            Duration::from_secs(30),
+            || async {
+                let seen = node_names(&consumer).await.map_err(|e| e.to_string())?;
+                (seen == own).then_some(()).ok_or(format!("{seen:?} != {own:?}"))
+            },
+        )
+        .await;
+
+        let outsider = client_from_profile(leader, name, OUTSIDER, dir.path()).await;
+        let err = node_names(&outsider)
+            .await
+            .expect_err("the member's RBAC gives the outsider nothing");
+        let msg = tether_e2e::message(&err);
+        assert_eq!(tether_e2e::status_code(&err), Some(403), "{msg}");
+        assert!(
+            msg.contains(&format!("tether:{SET}:serviceaccount:apps:outsider")),
+            "the member refused the outsider's own name: {msg}"
+        );
+
+        let stranger = client_from_profile(leader, name, STRANGER, dir.path()).await;
+        let err = node_names(&stranger)
+            .await
+            .expect_err("no managedclusters/proxy on the leader");
+        let msg = tether_e2e::message(&err);
+        assert_eq!(tether_e2e::status_code(&err), Some(403), "{msg}");
+        assert!(
+            msg.contains(STRANGER) && msg.contains("managedclusters/proxy"),
+            "the leader refused the stranger: {msg}"
+        );
+    }
+}
+
 async fn inventory() {
     let cluster = TestCluster::builder("inv-leader")
         .start()
@@ -303,9 +452,11 @@ async fn inventory() {
     install_cluster_profiles(&leader).await;
     let admin = leader.admin.clone();
     let token = join_token(&admin).await;
+    let allowed = format!("--impersonate-users={CONSUMER},{OUTSIDER}");
+    let args = [allowed.as_str()];
     let (east, west) = futures::join!(
-        fleet::member("east", &leader, &token, json!({})),
-        fleet::member("west", &leader, &token, json!({})),
+        fleet::member_with_args("east", &leader, &token, json!({}), &args),
+        fleet::member_with_args("west", &leader, &token, json!({}), &args),
     );
     let mut east = east;
     fleet::add_node(&east.admin, "east-node", "4", "8Gi").await;
@@ -336,6 +487,11 @@ async fn inventory() {
         .await;
         check_profile(&leader, side, m, INVENTORY).await;
     }
+
+    step(
+        "a consumer ServiceAccount reaches each member through its profile with tether credential, as itself",
+    );
+    consumers_reach_members(&leader, &[("east", &east), ("west", &west)]).await;
 
     step("nothing is written at steady state");
     let before = versions(&admin).await;

@@ -28,7 +28,8 @@ pub struct GrantArgs {
     /// The ClusterSet, when several sets have a member of that name.
     #[arg(long)]
     pub clusterset: Option<String>,
-    /// The leader user to let through.
+    /// The leader user to let through; a leader ServiceAccount (a ClusterProfile consumer) as
+    /// system:serviceaccount:<namespace>:<name>.
     #[arg(long, required_unless_present = "group", conflicts_with = "group")]
     pub user: Option<String>,
     /// The leader group to let through.
@@ -76,10 +77,13 @@ pub async fn grant(target: &Target, args: GrantArgs) -> anyhow::Result<()> {
         },
         _ => crate::bail_code!(Usage, "pass one of --user or --group"),
     };
-    if who.name.trim().is_empty() || who.name.starts_with("system:") {
+    let system = who.name.starts_with("system:")
+        && (who.kind != "User" || tether_tunnel::identity::member_user("set", who.name).is_err());
+    if who.name.trim().is_empty() || system {
         crate::bail_code!(
             Usage,
-            "{} {:?} cannot be granted: the name is empty, or a system: name the agent never impersonates",
+            "{} {:?} cannot be granted: the name is empty, or a system: name the agent never \
+             impersonates (of system: users, only ServiceAccounts: system:serviceaccount:<namespace>:<name>)",
             who.kind.to_lowercase(),
             who.name
         );
@@ -98,8 +102,15 @@ pub async fn grant(target: &Target, args: GrantArgs) -> anyhow::Result<()> {
     let set = located.set.clone().unwrap_or_else(|| "<SET>".into());
     let client = target.client().await?;
     let bindings = Api::<RoleBinding>::namespaced(client.clone(), ns);
-    let impersonated = format!("tether:{set}:{}", who.name);
-    let member_binding = format!("tether-{set}-{}-{}", dns_part(who.name), args.role);
+    let impersonated = match who.kind {
+        "User" => tether_tunnel::identity::member_user(&set, who.name)?,
+        _ => tether_tunnel::identity::prefixed(&set, who.name),
+    };
+    let member_binding = format!(
+        "tether-{set}-{}-{}",
+        dns_part(who.name.strip_prefix("system:").unwrap_or(who.name)),
+        args.role
+    );
     let list_value = if who.kind == "User" { "users" } else { "groups" };
 
     if args.revoke {

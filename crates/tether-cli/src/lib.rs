@@ -6,6 +6,7 @@
 pub mod access;
 pub mod cluster;
 pub mod crds;
+pub mod credential;
 pub mod exit;
 pub mod grant;
 pub mod join;
@@ -113,6 +114,10 @@ pub enum Command {
     /// Leader: let a user or group reach a member through the leader (or --revoke it); prints
     /// the member's side to apply there.
     Grant(grant::GrantArgs),
+    /// The exec credential plugin of the ClusterProfiles the leader publishes: prints an
+    /// ExecCredential holding the caller's own leader token (the pod's ServiceAccount token by
+    /// default).
+    Credential(credential::CredentialArgs),
     /// Apply this version's CRDs (the charts' install and upgrade hooks run it).
     #[command(subcommand)]
     Crds(crds::CrdsCommand),
@@ -236,6 +241,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Kubeconfig(args) => access::kubeconfig(&target, args).await,
         Command::Grant(args) => grant::grant(&target, args).await,
         Command::Crds(cmd) => crds::crds(&target, cmd).await,
+        Command::Credential(args) => credential::credential(args).await,
         Command::Version { output } => version::version(&target, output).await,
         Command::Completions { .. } => Ok(()),
     }

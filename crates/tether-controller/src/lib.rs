@@ -58,8 +58,9 @@ pub struct AgentArgs {
     #[arg(long, env = "TETHER_TUNNEL", default_value_t = true, action = clap::ArgAction::Set)]
     pub tunnel: bool,
     /// Leader users that proxied requests may act as here, impersonated as
-    /// `tether:<set>:<user>` (comma-separated; the agent's RBAC must name the same). Empty: only
-    /// callers who bring a member credential (pass-through) get in.
+    /// `tether:<set>:<user>`, a leader ServiceAccount `system:serviceaccount:<ns>:<name>` as
+    /// `tether:<set>:serviceaccount:<ns>:<name>` (comma-separated; the agent's RBAC must name
+    /// the same). Empty: only callers who bring a member credential (pass-through) get in.
     #[arg(long, env = "TETHER_IMPERSONATE_USERS", value_delimiter = ',')]
     pub impersonate_users: Vec<String>,
     /// Leader groups carried along, as `tether:<set>:<group>` (comma-separated; `system:` groups
@@ -257,6 +258,18 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     bare.auth_info = kube::config::AuthInfo::default();
     let client = kube::Client::try_from(config).context("cannot build a Kubernetes client")?;
     let metrics = tether_agent::Metrics::default();
+    // NB: a system: user other than a ServiceAccount is never impersonated: listing one is a
+    // mistake to say at start, not a request refused later.
+    if let Some(bad) = args
+        .impersonate_users
+        .iter()
+        .find(|u| tether_tunnel::identity::member_user("set", u).is_err())
+    {
+        anyhow::bail!(
+            "--impersonate-users lists {bad:?}: a system: user other than a ServiceAccount \
+             (system:serviceaccount:<namespace>:<name>) is never impersonated; remove it"
+        );
+    }
     let access = if args.tunnel {
         Some(tether_agent::tunnel::MemberAccess::new(
             kube::Client::try_from(forward).context("cannot build a Kubernetes client")?,

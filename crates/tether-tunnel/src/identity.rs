@@ -1,6 +1,9 @@
 //! Ensures the agent impersonates on its member only what the member allowed: a leader user
-//! becomes `tether:<set>:<user>`, its groups `tether:<set>:<group>`, `system:` groups are
-//! dropped, and only names on the agent's allow-list are ever sent. The member's RBAC (which
+//! becomes `tether:<set>:<user>`, a leader ServiceAccount (`system:serviceaccount:<ns>:<name>`,
+//! say Argo CD's controller using a ClusterProfile) `tether:<set>:serviceaccount:<ns>:<name>`,
+//! its groups `tether:<set>:<group>`; every other `system:` user is refused and `system:` groups
+//! are dropped, so no name on the member is ever a `system:` one; and only names on the
+//! agent's allow-list are ever sent. The member's RBAC (which
 //! names the same list as `resourceNames`) is the enforcement; this list keeps requests from
 //! failing on groups the member does not care about.
 
@@ -55,6 +58,15 @@ pub enum Refusal {
         /// The member.
         member: String,
     },
+    /// A `system:` user other than a ServiceAccount: never impersonated.
+    #[error(
+        "user {user:?} is a system: identity other than a ServiceAccount; the agent never \
+         impersonates those"
+    )]
+    SystemUser {
+        /// The leader user.
+        user: String,
+    },
     /// The user is not on the member's allow-list.
     #[error(
         "user {user:?} is not on member {member}'s impersonation allow-list (agent chart value \
@@ -89,6 +101,28 @@ pub fn prefixed(set: &str, name: &str) -> String {
     format!("{IMPERSONATION_PREFIX}:{set}:{name}")
 }
 
+/// The leader's user names of ServiceAccounts begin with this.
+pub const SERVICE_ACCOUNT_PREFIX: &str = "system:serviceaccount:";
+
+/// The name leader user `user` of set `set` has on a member: `tether:<set>:<user>`, or for a
+/// ServiceAccount `tether:<set>:serviceaccount:<ns>:<name>`. Any other `system:` user, and a
+/// malformed ServiceAccount name, has none.
+pub fn member_user(set: &str, user: &str) -> Result<String, Refusal> {
+    let refused = || Refusal::SystemUser {
+        user: user.to_string(),
+    };
+    match user.strip_prefix(SERVICE_ACCOUNT_PREFIX) {
+        Some(sa) => match sa.split_once(':') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains(':') => {
+                Ok(prefixed(set, &format!("serviceaccount:{sa}")))
+            }
+            _ => Err(refused()),
+        },
+        None if user.starts_with("system:") => Err(refused()),
+        None => Ok(prefixed(set, user)),
+    }
+}
+
 /// Maps `caller` of set `set` to the identity the agent of `member` impersonates.
 pub fn impersonate(
     set: &str,
@@ -107,6 +141,7 @@ pub fn impersonate(
             member: member.to_string(),
         });
     }
+    let user = member_user(set, &caller.user)?;
     let groups: BTreeSet<String> = caller
         .groups
         .iter()
@@ -114,7 +149,7 @@ pub fn impersonate(
         .map(|g| prefixed(set, g))
         .collect();
     Ok(Impersonation {
-        user: prefixed(set, &caller.user),
+        user,
         groups: groups.into_iter().collect(),
     })
 }
@@ -173,6 +208,65 @@ mod tests {
         .unwrap();
         assert_eq!(got.user, "tether:prod:alice");
         assert_eq!(got.groups, vec!["tether:prod:devs".to_string()]);
+    }
+
+    #[test]
+    fn service_accounts_get_a_name_of_their_own_and_other_system_users_none() {
+        assert_eq!(member_user("prod", "alice").as_deref(), Ok("tether:prod:alice"));
+        assert_eq!(
+            member_user(
+                "prod",
+                "system:serviceaccount:argocd:argocd-application-controller"
+            )
+            .as_deref(),
+            Ok("tether:prod:serviceaccount:argocd:argocd-application-controller")
+        );
+        for bad in [
+            "system:anonymous",
+            "system:admin",
+            "system:kube-controller-manager",
+            "system:node:worker-1",
+            "system:serviceaccount:argocd",
+            "system:serviceaccount::name",
+            "system:serviceaccount:ns:",
+            "system:serviceaccount:ns:a:b",
+        ] {
+            assert!(member_user("prod", bad).is_err(), "{bad}");
+        }
+        // Listed or not, a system: user other than a ServiceAccount is never impersonated.
+        let allowed = allow(&["system:kube-controller-manager"], &[]);
+        assert!(matches!(
+            impersonate(
+                "prod",
+                "east",
+                &caller("system:kube-controller-manager", &[]),
+                &allowed
+            ),
+            Err(Refusal::SystemUser { .. })
+        ));
+        let sa = "system:serviceaccount:kueue-system:kueue-controller-manager";
+        let got = impersonate(
+            "prod",
+            "east",
+            &caller(
+                sa,
+                &[
+                    "system:serviceaccounts",
+                    "system:serviceaccounts:kueue-system",
+                    "system:authenticated",
+                ],
+            ),
+            &allow(&[sa], &["system:serviceaccounts"]),
+        )
+        .unwrap();
+        assert_eq!(
+            got.user,
+            "tether:prod:serviceaccount:kueue-system:kueue-controller-manager"
+        );
+        assert!(
+            got.groups.is_empty(),
+            "a ServiceAccount's system: groups never follow"
+        );
     }
 
     #[test]

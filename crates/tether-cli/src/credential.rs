@@ -1,0 +1,251 @@
+//! `tether credential`: a client-go exec credential plugin (`client.authentication.k8s.io`
+//! `ExecCredential`) for the ClusterProfiles the leader publishes. It returns a token of the
+//! caller's own identity on the leader: by default the projected ServiceAccount token of the pod
+//! it runs in, else a token file or the output of a command. The consumer then reaches a member
+//! through the leader's proxy as itself: the leader's RBAC on `managedclusters/proxy` and the
+//! member's impersonation allow-list and RBAC decide. Nothing is minted or stored here.
+
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use base64::Engine as _;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use serde_json::{Value, json};
+use tether_api::inventory::ExecExtension;
+
+/// Where a pod's projected ServiceAccount token is mounted.
+pub const POD_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+/// The most a token may be (a JWT is a few KiB).
+const MAX_TOKEN: usize = 64 * 1024;
+/// How long a token command may run.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest client-go caches a credential before it asks again (a projected token file is
+/// rotated by the kubelet well before it expires).
+const MAX_CACHE: SignedDuration = SignedDuration::from_mins(5);
+/// The API versions of ExecCredential this plugin answers.
+const API_VERSIONS: [&str; 2] = [
+    "client.authentication.k8s.io/v1",
+    "client.authentication.k8s.io/v1beta1",
+];
+
+/// `tether credential`.
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Used by client-go as an exec credential plugin, named in a ClusterProfile \
+    consumer's provider file:\n  \
+    {\"providers\": [{\"name\": \"tether\", \"execConfig\": {\"apiVersion\": \
+    \"client.authentication.k8s.io/v1\", \"command\": \"tether\", \"args\": [\"credential\"], \
+    \"provideClusterInfo\": true}}]}\n\
+    Run by hand it prints the ExecCredential it would give."
+)]
+pub struct CredentialArgs {
+    /// Read the token from this file (read anew each time: projected tokens rotate). Default:
+    /// the pod's ServiceAccount token.
+    #[arg(long, value_name = "FILE", conflicts_with = "token_command")]
+    pub token_file: Option<PathBuf>,
+    /// Run this command (with `sh -c`, at most 30 s) and use what it prints as the token.
+    #[arg(long, value_name = "COMMAND")]
+    pub token_command: Option<String>,
+    /// Copy this binary to DIR/tether (mode 0755) and exit, e.g. from an init container of
+    /// the consumer's pod, with an emptyDir shared with the consumer's container.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["token_file", "token_command"])]
+    pub install_to: Option<PathBuf>,
+}
+
+/// Copies the running binary to `dir/tether`, executable.
+fn install(dir: &Path) -> anyhow::Result<()> {
+    let me = std::env::current_exe().context("cannot find this binary")?;
+    let to = dir.join("tether");
+    std::fs::copy(&me, &to).with_context(|| format!("cannot copy {} to {}", me.display(), to.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755))
+            .with_context(|| format!("cannot make {} executable", to.display()))?;
+    }
+    eprintln!(
+        "installed {}: name it as the provider's command, with args [credential]",
+        to.display()
+    );
+    Ok(())
+}
+
+/// What client-go says about the request in `KUBERNETES_EXEC_INFO`: the ExecCredential's API
+/// version, and the member from the ClusterProfile's exec extension (when it names one).
+#[derive(Debug, PartialEq)]
+pub struct ExecInfo {
+    /// The ExecCredential API version to answer with.
+    pub api_version: String,
+    /// The member, from `spec.cluster.config`.
+    pub member: Option<ExecExtension>,
+}
+
+/// Reads `KUBERNETES_EXEC_INFO` (absent when run by hand: then `v1`, no member).
+pub fn exec_info(text: Option<&str>) -> anyhow::Result<ExecInfo> {
+    let Some(text) = text.filter(|t| !t.trim().is_empty()) else {
+        return Ok(ExecInfo {
+            api_version: API_VERSIONS[0].into(),
+            member: None,
+        });
+    };
+    let v: Value = serde_json::from_str(text).context("KUBERNETES_EXEC_INFO is not JSON")?;
+    let api_version = v["apiVersion"].as_str().unwrap_or(API_VERSIONS[0]).to_string();
+    if !API_VERSIONS.contains(&api_version.as_str()) {
+        crate::bail_code!(
+            Usage,
+            "KUBERNETES_EXEC_INFO asks for ExecCredential {api_version}; this plugin answers {}",
+            API_VERSIONS.join(" and ")
+        );
+    }
+    let member = serde_json::from_value(v["spec"]["cluster"]["config"].clone()).ok();
+    Ok(ExecInfo { api_version, member })
+}
+
+/// The token's expiry from its JWT `exp` claim, if it is a JWT that has one (not verified: the
+/// leader's API server does that; this only tells client-go when to ask again).
+pub fn jwt_expiry(token: &str) -> Option<Timestamp> {
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let claims: Value = serde_json::from_slice(&bytes).ok()?;
+    Timestamp::from_second(claims["exp"].as_i64()?).ok()
+}
+
+/// The ExecCredential answering `info` with `token`, cached by client-go until the token expires
+/// or `MAX_CACHE` from `now`, whichever is first.
+pub fn exec_credential(info: &ExecInfo, token: &str, now: Timestamp) -> Value {
+    let cap = now.checked_add(MAX_CACHE).unwrap_or(now);
+    let until = jwt_expiry(token).map_or(cap, |exp| exp.min(cap));
+    json!({
+        "apiVersion": info.api_version,
+        "kind": "ExecCredential",
+        "status": {
+            "token": token,
+            "expirationTimestamp": until.to_string(),
+        },
+    })
+}
+
+/// Reads at most `MAX_TOKEN` bytes of token from `path`.
+fn token_from_file(path: &Path) -> anyhow::Result<String> {
+    let f = std::fs::File::open(path).with_context(|| {
+        if path == Path::new(POD_TOKEN) {
+            format!(
+                "cannot read {POD_TOKEN}: outside a pod (or with automountServiceAccountToken off) \
+                 pass --token-file or --token-command"
+            )
+        } else {
+            format!("cannot read the token file {}", path.display())
+        }
+    })?;
+    let mut text = String::new();
+    f.take(MAX_TOKEN as u64 + 1)
+        .read_to_string(&mut text)
+        .with_context(|| format!("cannot read the token file {}", path.display()))?;
+    Ok(text)
+}
+
+/// Runs `command` with `sh -c` for at most `COMMAND_TIMEOUT`; what it prints is the token.
+async fn token_from_command(command: &str) -> anyhow::Result<String> {
+    let run = tokio::process::Command::new("sh")
+        .args(["-c", command])
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(COMMAND_TIMEOUT, run)
+        .await
+        .with_context(|| format!("the token command did not finish within {COMMAND_TIMEOUT:?}: {command}"))?
+        .with_context(|| format!("cannot run the token command: {command}"))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "the token command failed ({}): {command}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    String::from_utf8(out.stdout).context("the token command printed something other than UTF-8")
+}
+
+/// `tether credential`.
+pub async fn credential(args: CredentialArgs) -> anyhow::Result<()> {
+    if let Some(dir) = &args.install_to {
+        return install(dir);
+    }
+    let info = exec_info(std::env::var("KUBERNETES_EXEC_INFO").ok().as_deref())?;
+    let raw = match (&args.token_command, &args.token_file) {
+        (Some(cmd), _) => token_from_command(cmd).await?,
+        (None, Some(path)) => token_from_file(path)?,
+        (None, None) => token_from_file(Path::new(POD_TOKEN))?,
+    };
+    let token = raw.trim();
+    let whom = info
+        .member
+        .as_ref()
+        .map(|m| format!(" for member {} of ClusterSet {}", m.cluster_name, m.cluster_set))
+        .unwrap_or_default();
+    if token.is_empty() || token.len() > MAX_TOKEN || token.chars().any(char::is_whitespace) {
+        crate::bail_code!(
+            Usage,
+            "no usable token{whom}: it is empty, longer than {MAX_TOKEN} bytes or has whitespace inside"
+        );
+    }
+    println!("{}", exec_credential(&info, token, Timestamp::now()));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn jwt(claims: Value) -> String {
+        let b = |v: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+        format!(
+            "{}.{}.{}",
+            b(br#"{"alg":"RS256"}"#),
+            b(claims.to_string().as_bytes()),
+            b(b"sig")
+        )
+    }
+
+    #[test]
+    fn exec_info_names_the_version_and_the_member() {
+        let none = exec_info(None).unwrap();
+        assert_eq!(none.api_version, "client.authentication.k8s.io/v1");
+        assert_eq!(none.member, None);
+        let text = json!({"apiVersion": "client.authentication.k8s.io/v1beta1", "kind": "ExecCredential",
+            "spec": {"interactive": false, "cluster": {"server": "https://l", "config":
+                {"clusterName": "east", "clusterSet": "prod", "namespace": "tether-prod-east-1"}}}})
+        .to_string();
+        let got = exec_info(Some(&text)).unwrap();
+        assert_eq!(got.api_version, "client.authentication.k8s.io/v1beta1");
+        assert_eq!(got.member.map(|m| m.cluster_name).as_deref(), Some("east"));
+        assert!(exec_info(Some(r#"{"apiVersion": "client.authentication.k8s.io/v2"}"#)).is_err());
+        assert!(exec_info(Some("not json")).is_err());
+    }
+
+    #[test]
+    fn a_credential_is_cached_until_the_token_expires_or_five_minutes_pass() {
+        let info = exec_info(None).unwrap();
+        let now = Timestamp::from_second(1_000_000).unwrap();
+        let soon = jwt(json!({"exp": 1_000_060, "sub": "system:serviceaccount:argocd:ctl"}));
+        let cred = exec_credential(&info, &soon, now);
+        assert_eq!(cred["kind"], "ExecCredential");
+        assert_eq!(cred["apiVersion"], "client.authentication.k8s.io/v1");
+        assert_eq!(cred["status"]["token"], soon);
+        assert_eq!(cred["status"]["expirationTimestamp"], "1970-01-12T13:47:40Z");
+        let later = jwt(json!({"exp": 2_000_000}));
+        assert_eq!(
+            exec_credential(&info, &later, now)["status"]["expirationTimestamp"],
+            "1970-01-12T13:51:40Z",
+            "capped at five minutes"
+        );
+        assert_eq!(
+            exec_credential(&info, "opaque-token", now)["status"]["expirationTimestamp"],
+            "1970-01-12T13:51:40Z"
+        );
+        assert_eq!(jwt_expiry("a.b.c"), None);
+    }
+}
