@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the pinned test tools (kube-apiserver, kube-controller-manager, kube-scheduler,
 # kubelet, kube-proxy, etcd, helm, kubectl; promlint: e2e/promlint, Prometheus's rule and
-# PromQL parser; registry and validate-krew-manifest for the release checks) into .tools/bin. Built artefacts are cached by version
+# PromQL parser; clusterprofile-consumer: e2e/clusterprofile-consumer, cluster-inventory-api's
+# access library; registry and validate-krew-manifest for the release checks) into .tools/bin. Built artefacts are cached by version
 # under $TETHER_CACHE (default ~/.cache/tether), so a second run, or a fresh clone on the same
 # machine, does nothing.
 #   e2e/tools.sh           what `make test` needs: Kubernetes $KUBERNETES_VERSION (all five
@@ -23,8 +24,9 @@ helm3_dir="$cache/helm-$HELM3_VERSION"
 registry_dir="$cache/registry-$REGISTRY_VERSION"
 krew_dir="$cache/krew-$KREW_VERSION"
 promop_dir="$cache/prometheus-operator-crds-$PROMETHEUS_OPERATOR_VERSION"
-# promlint is keyed by its sources: a change to them builds it again.
+# promlint and clusterprofile-consumer are keyed by their sources: a change to them builds them again.
 promlint_dir="$cache/promlint-$(cat "$root"/e2e/promlint/{go.mod,go.sum,main.go} | sha256sum | cut -c1-16)"
+consumer_dir="$cache/clusterprofile-consumer-$(cat "$root"/e2e/clusterprofile-consumer/{go.mod,go.sum,main.go} | sha256sum | cut -c1-16)"
 start=$SECONDS
 
 say() { printf '[tools %3ss] %s\n' "$((SECONDS - start))" "$*"; }
@@ -98,6 +100,7 @@ complete() {
   kubernetes_built && [[ -x "$etcd_dir/etcd" ]] \
     && [[ -x "$layer_dir/helm" && -x "$layer_dir/kubectl" && -x "$helm3_dir/helm" ]] \
     && [[ -x "$promlint_dir/promlint" && -x "$registry_dir/registry" && -x "$krew_dir/validate-krew-manifest" ]] \
+    && [[ -x "$consumer_dir/clusterprofile-consumer" ]] \
     && [[ -f "$promop_dir/monitoring.coreos.com_servicemonitors.yaml" ]] \
     && node_tier_ready
 }
@@ -110,6 +113,7 @@ link_all() {
   for t in helm kubectl; do ln -sfn "$layer_dir/$t" "$bin/$t"; done
   ln -sfn "$helm3_dir/helm" "$bin/helm3"
   ln -sfn "$promlint_dir/promlint" "$bin/promlint"
+  ln -sfn "$consumer_dir/clusterprofile-consumer" "$bin/clusterprofile-consumer"
   ln -sfn "$registry_dir/registry" "$bin/registry"
   ln -sfn "$krew_dir/validate-krew-manifest" "$bin/validate-krew-manifest"
   ln -sfn "$promop_dir" "$bin/prometheus-operator-crds"
@@ -197,6 +201,18 @@ if [[ ! -x "$promlint_dir/promlint" ]]; then
   with_progress "go build (promlint)" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/promlint" .
   rm -rf "$promlint_dir"; mv "$tmp" "$promlint_dir"
   say "promlint built"
+fi
+
+if [[ ! -x "$consumer_dir/clusterprofile-consumer" ]]; then
+  go_ready
+  say "building clusterprofile-consumer (e2e/clusterprofile-consumer: cluster-inventory-api's pkg/access, as ClusterProfile consumers use it)"
+  tmp="$consumer_dir.partial"; rm -rf "$tmp"; mkdir -p "$tmp"
+  cd "$root/e2e/clusterprofile-consumer"
+  with_progress "go build (clusterprofile-consumer)" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/clusterprofile-consumer" .
+  # Upstream's CRD beside it: tests/inventory.rs checks config/upstream/ against it.
+  cp "$(go list -m -f '{{.Dir}}' sigs.k8s.io/cluster-inventory-api)/config/crd/bases/multicluster.x-k8s.io_clusterprofiles.yaml" "$tmp/"
+  rm -rf "$consumer_dir"; mv "$tmp" "$consumer_dir"
+  say "clusterprofile-consumer built"
 fi
 
 # `go install`s module package `pkg` at `version` into `dir`.

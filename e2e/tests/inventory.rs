@@ -24,13 +24,13 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tether_api::ClusterSet;
-use tether_api::inventory::{ClusterProfile, EXEC_EXTENSION, ExecExtension};
+use tether_api::inventory::{ClusterProfile, EXEC_EXTENSION, ExecExtension, UPSTREAM_VERSION};
 use tether_e2e::access::{apply, wait_tunnel};
 use tether_e2e::fleet::{self, LeaderSide, managed};
 use tether_e2e::sim::{HOME, SET, join_token, ns_of};
 use tether_e2e::{apply_config_file, create_namespace};
 use tether_testkit::controller::binary;
-use tether_testkit::{TestCluster, eventually, free_port, lab};
+use tether_testkit::{TestCluster, Tools, eventually, free_port, lab};
 
 fn main() -> ExitCode {
     tether_e2e::lab_main(
@@ -440,6 +440,75 @@ async fn consumers_reach_members(leader: &LeaderSide, members: &[(&str, &fleet::
     }
 }
 
+/// Upstream's own consumer code (`e2e/clusterprofile-consumer`: cluster-inventory-api's
+/// clientset and `pkg/access`, built by `make tools`) lists every profile of the inventory
+/// namespace and each member's nodes through it, with a provider file naming `tether credential`
+/// and the consumer's token: what it sees must be each member's own nodes.
+async fn upstream_consumer_sees_every_member(leader: &LeaderSide, members: &[(&str, &fleet::MemberSide)]) {
+    let tools = Tools::locate().expect("make tools");
+    let consumer = tools.path("clusterprofile-consumer");
+    // The CRD shipped in config/upstream/ is upstream's, byte for byte.
+    let upstream = std::fs::read_to_string(
+        consumer
+            .canonicalize()
+            .expect("consumer")
+            .with_file_name("multicluster.x-k8s.io_clusterprofiles.yaml"),
+    )
+    .expect("upstream CRD beside the consumer");
+    let shipped = std::fs::read_to_string(
+        tether_testkit::tools::repo_root().join("config/upstream/multicluster.x-k8s.io_clusterprofiles.yaml"),
+    )
+    .expect("shipped CRD");
+    assert!(
+        upstream == shipped,
+        "config/upstream/ differs from cluster-inventory-api {UPSTREAM_VERSION}'s CRD"
+    );
+
+    let dir = tempfile::tempdir().expect("dir");
+    let token = tether_e2e::service_account_token(&leader.admin, "apps", "consumer")
+        .await
+        .expect("token");
+    let token_file = dir.path().join("consumer.token");
+    std::fs::write(&token_file, token).expect("token file");
+    let providers = dir.path().join("providers.json");
+    let tether = binary("tether").expect("tether binary");
+    std::fs::write(
+        &providers,
+        json!({"providers": [{"name": "tether", "execConfig": {
+            "apiVersion": "client.authentication.k8s.io/v1", "command": tether,
+            "args": ["credential", "--token-file", token_file], "provideClusterInfo": true}}]})
+        .to_string(),
+    )
+    .expect("provider file");
+    let out = tokio::process::Command::new(&consumer)
+        .arg(format!("--kubeconfig={}", leader.cluster.kubeconfig().display()))
+        .arg(format!("--namespace={INVENTORY}"))
+        .arg(format!("--clusterprofile-provider-file={}", providers.display()))
+        .output()
+        .await
+        .expect("run clusterprofile-consumer");
+    assert!(
+        out.status.success(),
+        "clusterprofile-consumer: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: serde_json::Value = serde_json::from_slice(&out.stdout).expect("its JSON");
+    eprintln!("cluster-inventory-api's pkg/access saw: {seen}");
+    assert_eq!(
+        seen.as_object().map(|o| o.len()),
+        Some(members.len()),
+        "one entry per profile: {seen}"
+    );
+    for &(name, m) in members {
+        let own = node_names(&m.admin).await.expect("the member's own nodes");
+        assert_eq!(
+            seen[name]["nodes"],
+            json!(own),
+            "{name} through the leader, by upstream code: {seen}"
+        );
+    }
+}
+
 async fn inventory() {
     let cluster = TestCluster::builder("inv-leader")
         .start()
@@ -492,6 +561,9 @@ async fn inventory() {
         "a consumer ServiceAccount reaches each member through its profile with tether credential, as itself",
     );
     consumers_reach_members(&leader, &[("east", &east), ("west", &west)]).await;
+
+    step("cluster-inventory-api's own access library reaches every member through its profile");
+    upstream_consumer_sees_every_member(&leader, &[("east", &east), ("west", &west)]).await;
 
     step("nothing is written at steady state");
     let before = versions(&admin).await;
