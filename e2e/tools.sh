@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the pinned test tools (kube-apiserver, kube-controller-manager, kube-scheduler,
 # kubelet, kube-proxy, etcd, helm, kubectl; promlint: e2e/promlint, Prometheus's rule and
-# PromQL parser; clusterprofile-consumer: e2e/clusterprofile-consumer, cluster-inventory-api's
-# access library; registry and validate-krew-manifest for the release checks) into .tools/bin. Built artefacts are cached by version
+# PromQL parser; clusterprofile-consumer and multicluster-consumer: e2e/*-consumer,
+# cluster-inventory-api's access library and multicluster-runtime, as consumers run them; registry and validate-krew-manifest for the release checks) into .tools/bin. Built artefacts are cached by version
 # under $TETHER_CACHE (default ~/.cache/tether), so a second run, or a fresh clone on the same
 # machine, does nothing.
 #   e2e/tools.sh           what `make test` needs: Kubernetes $KUBERNETES_VERSION (all five
@@ -27,6 +27,7 @@ promop_dir="$cache/prometheus-operator-crds-$PROMETHEUS_OPERATOR_VERSION"
 # promlint and clusterprofile-consumer are keyed by their sources: a change to them builds them again.
 promlint_dir="$cache/promlint-$(cat "$root"/e2e/promlint/{go.mod,go.sum,main.go} | sha256sum | cut -c1-16)"
 consumer_dir="$cache/clusterprofile-consumer-$(cat "$root"/e2e/clusterprofile-consumer/{go.mod,go.sum,main.go} | sha256sum | cut -c1-16)"
+mc_consumer_dir="$cache/multicluster-consumer-$(cat "$root"/e2e/multicluster-consumer/{go.mod,go.sum,main.go} | sha256sum | cut -c1-16)"
 start=$SECONDS
 
 say() { printf '[tools %3ss] %s\n' "$((SECONDS - start))" "$*"; }
@@ -100,7 +101,7 @@ complete() {
   kubernetes_built && [[ -x "$etcd_dir/etcd" ]] \
     && [[ -x "$layer_dir/helm" && -x "$layer_dir/kubectl" && -x "$helm3_dir/helm" ]] \
     && [[ -x "$promlint_dir/promlint" && -x "$registry_dir/registry" && -x "$krew_dir/validate-krew-manifest" ]] \
-    && [[ -x "$consumer_dir/clusterprofile-consumer" ]] \
+    && [[ -x "$consumer_dir/clusterprofile-consumer" && -x "$mc_consumer_dir/multicluster-consumer" ]] \
     && [[ -f "$promop_dir/monitoring.coreos.com_servicemonitors.yaml" ]] \
     && node_tier_ready
 }
@@ -114,6 +115,7 @@ link_all() {
   ln -sfn "$helm3_dir/helm" "$bin/helm3"
   ln -sfn "$promlint_dir/promlint" "$bin/promlint"
   ln -sfn "$consumer_dir/clusterprofile-consumer" "$bin/clusterprofile-consumer"
+  ln -sfn "$mc_consumer_dir/multicluster-consumer" "$bin/multicluster-consumer"
   ln -sfn "$registry_dir/registry" "$bin/registry"
   ln -sfn "$krew_dir/validate-krew-manifest" "$bin/validate-krew-manifest"
   ln -sfn "$promop_dir" "$bin/prometheus-operator-crds"
@@ -213,6 +215,16 @@ if [[ ! -x "$consumer_dir/clusterprofile-consumer" ]]; then
   cp "$(go list -m -f '{{.Dir}}' sigs.k8s.io/cluster-inventory-api)/config/crd/bases/multicluster.x-k8s.io_clusterprofiles.yaml" "$tmp/"
   rm -rf "$consumer_dir"; mv "$tmp" "$consumer_dir"
   say "clusterprofile-consumer built"
+fi
+
+if [[ ! -x "$mc_consumer_dir/multicluster-consumer" ]]; then
+  go_ready
+  say "building multicluster-consumer (e2e/multicluster-consumer: multicluster-runtime's manager and clusters provider)"
+  tmp="$mc_consumer_dir.partial"; rm -rf "$tmp"; mkdir -p "$tmp"
+  cd "$root/e2e/multicluster-consumer"
+  with_progress "go build (multicluster-consumer)" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/multicluster-consumer" .
+  rm -rf "$mc_consumer_dir"; mv "$tmp" "$mc_consumer_dir"
+  say "multicluster-consumer built"
 fi
 
 # `go install`s module package `pkg` at `version` into `dir`.

@@ -394,7 +394,8 @@ async fn consumers_reach_members(leader: &LeaderSide, members: &[(&str, &fleet::
             None,
             json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
             "metadata": {"name": "node-reader"},
-            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]}),
+            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
+                      {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}]}),
         )
         .await;
         apply(&m.admin, None, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
@@ -484,6 +485,7 @@ async fn upstream_consumer_sees_every_member(leader: &LeaderSide, members: &[(&s
         .arg(format!("--kubeconfig={}", leader.cluster.kubeconfig().display()))
         .arg(format!("--namespace={INVENTORY}"))
         .arg(format!("--clusterprofile-provider-file={}", providers.display()))
+        .arg(format!("--write-kubeconfigs={}", dir.path().display()))
         .output()
         .await
         .expect("run clusterprofile-consumer");
@@ -505,6 +507,45 @@ async fn upstream_consumer_sees_every_member(leader: &LeaderSide, members: &[(&s
             seen[name]["nodes"],
             json!(own),
             "{name} through the leader, by upstream code: {seen}"
+        );
+    }
+
+    // multicluster-runtime's manager and clusters provider, over the clusters pkg/access built.
+    for &(_, m) in members {
+        apply(
+            &m.admin,
+            Some("default"),
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "tether-probe", "namespace": "default"}, "data": {"from": "test"}}),
+        )
+        .await;
+    }
+    let out = tokio::process::Command::new(tools.path("multicluster-consumer"))
+        .arg(format!("--kubeconfigs={}", dir.path().display()))
+        .arg(format!("--kubeconfig={}", leader.cluster.kubeconfig().display()))
+        .args(["--name=tether-probe", "--timeout=60s"])
+        .output()
+        .await
+        .expect("run multicluster-consumer");
+    let said = String::from_utf8_lossy(&out.stdout);
+    eprintln!(
+        "multicluster-runtime's reconciler: {}",
+        said.trim().replace('\n', "; ")
+    );
+    assert!(
+        out.status.success(),
+        "multicluster-consumer: {said}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .rev()
+            .take(30)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    for &(name, _) in members {
+        assert!(
+            said.contains(&format!("seen {name} default/tether-probe")),
+            "{said}"
         );
     }
 }
