@@ -4,12 +4,14 @@
 //!
 //! `cargo run --release -p tether-e2e --example scale_bench -- [N…] [--concurrency C]
 //!  [--interval SECONDS] [--steady SECONDS] [--credential-ttl SECONDS] [--failovers K]
-//!  [--failover-bins DIR[,DIR…]]` (default N:
+//!  [--failover-bins DIR[,DIR…]] [--cluster-profiles]` (default N:
 //! 100 1000 5000 10000; concurrency: min(N, 1000); interval: chosen from the measured API server
 //! limit; steady: 60; credential TTL: the leader's default and no renewal window; with it, each
 //! run waits until every member renews at its own pace and measures the renewals, ¾ TTL after
 //! the last join; failovers: 1, each measured over its own 2 minutes; failover bins: the
-//! `tether-controller` each new leader runs, in turn, to compare two builds on one fleet).
+//! `tether-controller` each new leader runs, in turn, to compare two builds on one fleet;
+//! cluster profiles: the members are also published as ClusterProfiles, and those writes are
+//! counted by phase).
 
 use std::time::Duration;
 
@@ -22,6 +24,7 @@ async fn main() {
     let (mut concurrency, mut interval, mut steady, mut ttl) = (None, None, 60u64, None);
     let mut failovers = 1;
     let mut failover_bins = Vec::new();
+    let mut cluster_profiles = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         if a == "--failover-bins" {
@@ -40,6 +43,7 @@ async fn main() {
             "--steady" => steady = value("--steady"),
             "--credential-ttl" => ttl = Some(Duration::from_secs(value("--credential-ttl"))),
             "--failovers" => failovers = value("--failovers") as usize,
+            "--cluster-profiles" => cluster_profiles = true,
             n => sizes.push(
                 n.parse::<usize>()
                     .unwrap_or_else(|_| panic!("not a member count: {n}")),
@@ -63,6 +67,7 @@ async fn main() {
             failovers,
             failover_bins: failover_bins.clone(),
             credential_ttl: ttl,
+            cluster_profiles,
         };
         let o = run(&settings).await;
         println!("{}", o.table());

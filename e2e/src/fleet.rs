@@ -46,7 +46,18 @@ pub async fn leader_with(name: &str, leader_spec: Option<serde_json::Value>) -> 
 
 /// As `leader_with`, on a cluster the caller started.
 pub async fn leader_on(cluster: TestCluster, leader_spec: Option<serde_json::Value>) -> LeaderSide {
-    leader_process(cluster, leader_spec, &["leader", "--leader-elect=false"], false).await
+    leader_on_with(cluster, leader_spec, &[]).await
+}
+
+/// As `leader_on`, with `extra` flags.
+pub async fn leader_on_with(
+    cluster: TestCluster,
+    leader_spec: Option<serde_json::Value>,
+    extra: &[&str],
+) -> LeaderSide {
+    let mut args = vec!["leader", "--leader-elect=false"];
+    args.extend_from_slice(extra);
+    leader_process(cluster, leader_spec, &args, false).await
 }
 
 /// A leader serving member access: `config/proxy/leader-proxy.yaml` applied, and the first

@@ -341,3 +341,42 @@ where
         .collect();
     libtest_mimic::run(&args, trials).exit_code()
 }
+
+/// The leader's ClusterProfile RBAC as the leader chart sets it up with `clusterProfile.enabled`:
+/// `config/rbac/leader-inventory.yaml` (read everywhere), and in each of `namespaces` (created
+/// here) a RoleBinding to `tether-leader-inventory-write`.
+pub async fn allow_inventory(admin: &Client, namespaces: &[&str]) -> Result<(), kube::Error> {
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+    use kube::api::{Patch, PatchParams};
+    apply_config_file(admin, "rbac/leader-inventory.yaml").await?;
+    for ns in namespaces {
+        create_namespace(admin, ns).await?;
+        let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "tether-leader-inventory-write", "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": "tether-leader-inventory-write"},
+            "subjects": [{"kind": "ServiceAccount", "name": "tether-leader", "namespace": sim::HOME}],
+        }))
+        .map_err(|e| kube::Error::Service(Box::new(e)))?;
+        Api::<RoleBinding>::namespaced(admin.clone(), ns)
+            .patch(
+                "tether-leader-inventory-write",
+                &PatchParams::apply("tether-e2e").force(),
+                &Patch::Apply(&binding),
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// The upstream ClusterProfile CRD Tether ships (`config/upstream/`), applied and Established.
+pub async fn install_cluster_profile_crd(admin: &Client) -> Result<(), tether_testkit::Error> {
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../config/upstream/multicluster.x-k8s.io_clusterprofiles.yaml"),
+    )
+    .expect("the shipped ClusterProfile CRD");
+    let crd = serde_norway::from_str(&text).expect("the shipped ClusterProfile CRD parses");
+    tether_testkit::install_crds(admin, &[crd]).await
+}

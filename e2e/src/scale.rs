@@ -21,7 +21,7 @@ use tether_sim::{Fleet, Join, Member, join_all, quantile};
 use tether_testkit::TestCluster;
 use tokio_util::sync::CancellationToken;
 
-use crate::fleet::{LeaderSide, leader_on};
+use crate::fleet::LeaderSide;
 use crate::sim::{HOME, SET, join_token};
 
 /// Heartbeat intervals the benchmark chooses from (seconds).
@@ -55,6 +55,23 @@ pub struct Settings {
     /// every member is past its first one (None: the leader's default, 1 h, and no renewal
     /// window).
     pub credential_ttl: Option<Duration>,
+    /// Publish the members as ClusterProfiles (one inventory namespace) and count those writes.
+    pub cluster_profiles: bool,
+}
+
+/// ClusterProfile writes (creates, applies, status applies, deletes) in each phase of a run.
+#[derive(Clone, Debug, Default)]
+pub struct ProfileWrites {
+    /// During the registrations, per member.
+    pub per_registration: f64,
+    /// Per second over the steady window (heartbeats only: should be none).
+    pub steady: f64,
+    /// For one member going silent and being marked Unknown.
+    pub silent_member: f64,
+    /// For one member joining and leaving.
+    pub join_and_leave: f64,
+    /// Over the first failover window (a new leader re-reads every profile: should be none).
+    pub failover: f64,
 }
 
 /// One leader failover: the leader process killed, a new one started.
@@ -68,6 +85,8 @@ pub struct Failover {
     pub peak_rss: f64,
     /// Writes per second by kind in the new leader's first failover window.
     pub writes: BTreeMap<String, f64>,
+    /// ClusterProfile writes in that window.
+    pub profile_writes: f64,
 }
 
 /// Credential renewals, measured over a window in which every member renews at its own pace.
@@ -96,6 +115,8 @@ pub struct Renewals {
 /// Everything measured in one run.
 #[derive(Clone, Debug, Default)]
 pub struct Outcome {
+    /// ClusterProfile writes by phase, when the run published them.
+    pub profiles: Option<ProfileWrites>,
     /// Simulated members.
     pub members: usize,
     /// Registrations in flight at once.
@@ -186,6 +207,19 @@ impl Outcome {
         let mut row = |a: &str, b: String, c: String| {
             let _ = writeln!(t, "| {a} | {b} | {c} |");
         };
+        if let Some(p) = &self.profiles {
+            row(
+                "ClusterProfile writes",
+                format!(
+                    "{:.2} per registration, {:.2} /s steady",
+                    p.per_registration, p.steady
+                ),
+                format!(
+                    "a member silent → Unknown: {:.0}; one joining and leaving: {:.0}; failover window: {:.0}",
+                    p.silent_member, p.join_and_leave, p.failover
+                ),
+            );
+        }
         row(
             "API server limit (small writes)",
             format!("{:.0} writes/s", self.api_limit),
@@ -383,11 +417,14 @@ pub async fn run(settings: &Settings) -> Outcome {
     let n = settings.members;
     let setup = start(settings).await;
     let (interval, grace) = (setup.interval, setup.grace);
+    let admin = setup.leader.admin.clone();
+    let c0 = request_counts(&admin).await;
     let joined = register_all(settings, &setup).await;
     let (approved, slowest) = approval_latencies(&setup.approvals, &joined.names);
     assert_eq!(approved.len(), n, "the watch saw every request approved");
     wait_for_counts(&setup.leader.admin, n, n, Duration::from_secs(600)).await;
     let all_ready = joined.started.elapsed() - joined.registration_wall;
+    let c1 = request_counts(&admin).await;
 
     // One full interval first, so that every member's heartbeat phase is spread.
     eprintln!(
@@ -401,6 +438,7 @@ pub async fn run(settings: &Settings) -> Outcome {
         None => None,
     };
 
+    let c2 = request_counts(&admin).await;
     eprintln!("== [{n}] silencing one member");
     joined.silent_cancel.cancel();
     let silent = joined.silent.await.expect("silent member task");
@@ -414,6 +452,9 @@ pub async fn run(settings: &Settings) -> Outcome {
     )
     .await;
     let detection = last.elapsed();
+    // NB: the profile follows the Ready condition at once; a second lets its write land.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let c3 = request_counts(&admin).await;
 
     eprintln!("== [{n}] one more member joins, then leaves");
     let t0 = Instant::now();
@@ -424,6 +465,20 @@ pub async fn run(settings: &Settings) -> Outcome {
     late.leave().await.expect("late member leaves");
     wait_total(&setup.leader.admin, n, Duration::from_secs(120)).await;
     let leave_visible = t0.elapsed();
+    if settings.cluster_profiles {
+        // NB: the set counts a member gone before its ManagedCluster is; its profile goes then.
+        let profiles: kube::Api<tether_api::inventory::ClusterProfile> =
+            kube::Api::namespaced(admin.clone(), INVENTORY);
+        tether_testkit::eventually("sim-late's profile removed", Duration::from_secs(60), || async {
+            match profiles.get_opt("sim-late").await.map_err(|e| e.to_string())? {
+                None => Ok(()),
+                Some(_) => Err("still there".to_string()),
+            }
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let c4 = request_counts(&admin).await;
     let leader_peak_rss = rss_mib(setup.leader.controller.pid(), "VmHWM");
 
     let mut leader = setup.leader;
@@ -444,7 +499,16 @@ pub async fn run(settings: &Settings) -> Outcome {
                 .map(|b| format!(" from {}", b.display()))
                 .unwrap_or_default()
         );
-        failovers.push(failover(&mut leader, &kubeconfig, bin, settings.failover_window).await);
+        failovers.push(
+            failover(
+                &mut leader,
+                &kubeconfig,
+                bin,
+                settings.failover_window,
+                settings.cluster_profiles,
+            )
+            .await,
+        );
     }
     let setup = Setup { leader, ..setup };
 
@@ -453,7 +517,15 @@ pub async fn run(settings: &Settings) -> Outcome {
         let _ = t.await;
     }
     let reconcile_errors = keep_leader_output(&setup.leader, n).await;
+    let profiles = settings.cluster_profiles.then(|| ProfileWrites {
+        per_registration: profile_writes(&c0, &c1) / n as f64,
+        steady: steady.profile_writes / settings.steady.as_secs_f64(),
+        silent_member: profile_writes(&c2, &c3),
+        join_and_leave: profile_writes(&c3, &c4),
+        failover: failovers.first().map(|f| f.profile_writes).unwrap_or_default(),
+    });
     Outcome {
+        profiles,
         members: n,
         concurrency: settings.concurrency,
         api_limit: setup.api_limit,
@@ -488,11 +560,15 @@ async fn failover(
     kubeconfig: &std::path::Path,
     bin: Option<std::path::PathBuf>,
     window: Duration,
+    cluster_profiles: bool,
 ) -> Failover {
     let before = request_counts(&leader.admin).await;
     leader.controller.kill();
     let killed = Instant::now();
-    let args = ["leader", "--leader-elect=false"];
+    let mut args = vec!["leader", "--leader-elect=false"];
+    if cluster_profiles {
+        args.push("--cluster-profiles");
+    }
     let binary = match &bin {
         Some(dir) => dir.join("tether-controller"),
         None => tether_testkit::controller::binary("tether-controller").expect("tether-controller"),
@@ -517,16 +593,14 @@ async fn failover(
     }
     let ready = killed.elapsed();
     tokio::time::sleep(window.saturating_sub(killed.elapsed())).await;
-    let writes = classify(
-        &before,
-        &request_counts(&leader.admin).await,
-        killed.elapsed().as_secs_f64(),
-    );
+    let after = request_counts(&leader.admin).await;
+    let writes = classify(&before, &after, killed.elapsed().as_secs_f64());
     Failover {
         bin,
         ready,
         peak_rss: rss_mib(leader.controller.pid(), "VmHWM"),
         writes,
+        profile_writes: profile_writes(&before, &after),
     }
 }
 
@@ -568,7 +642,18 @@ async fn start(settings: &Settings) -> Setup {
     if let Some(ttl) = settings.credential_ttl {
         leader_spec["credentialTTL"] = json!(format!("{}s", ttl.as_secs()));
     }
-    let leader = leader_on(cluster, Some(leader_spec)).await;
+    let mut extra = vec![];
+    if settings.cluster_profiles {
+        crate::install_cluster_profile_crd(&admin)
+            .await
+            .expect("ClusterProfile CRD");
+        crate::allow_inventory(&admin, &[INVENTORY])
+            .await
+            .expect("inventory RBAC");
+        leader_spec["inventory"] = json!({"namespaces": [INVENTORY]});
+        extra.push("--cluster-profiles");
+    }
+    let leader = crate::fleet::leader_on_with(cluster, Some(leader_spec), &extra).await;
     let procs = processes(&leader);
     let token = join_token(&leader.admin).await;
     let join = sim_join(&leader, &token);
@@ -694,6 +779,8 @@ fn approval_latencies(
 /// What the steady window measured.
 struct Steady {
     writes: BTreeMap<String, f64>,
+    /// ClusterProfile writes in the window.
+    profile_writes: f64,
     heartbeats: f64,
     cpu: BTreeMap<&'static str, f64>,
     leader_rss: f64,
@@ -711,6 +798,7 @@ async fn measure_steady(settings: &Settings, setup: &Setup) -> Steady {
     let after = request_counts(&setup.leader.admin).await;
     Steady {
         writes: classify(&before, &after, elapsed),
+        profile_writes: profile_writes(&before, &after),
         heartbeats,
         cpu,
         leader_rss: rss_mib(setup.leader.controller.pid(), "VmRSS"),
@@ -1170,12 +1258,31 @@ pub fn parse_request_counts(text: &str) -> BTreeMap<String, f64> {
         if !label("subresource").is_empty() {
             what = format!("{what}/{}", label("subresource"));
         }
+        // NB: a collection delete in a namespace (the namespace controller emptying a member's
+        // namespace) is counted apart from deletes of one object.
+        if label("verb") == "DELETE" && label("scope") == "namespace" {
+            what.push_str(" (collection)");
+        }
         *out.entry(what).or_default() += value.parse::<f64>().unwrap_or(0.0);
     }
     out
 }
 
 /// Writes per second between two counts, by benchmark kind.
+/// The inventory namespace of a run with ClusterProfiles.
+const INVENTORY: &str = "inventory";
+
+/// ClusterProfile writes (`clusterprofiles` and `clusterprofiles/status`) between two counts.
+fn profile_writes(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> f64 {
+    after
+        .iter()
+        // NB: the namespace controller's collection deletes in a deleted member namespace are
+        // not the leader's writes (Tether's profiles live in inventory namespaces).
+        .filter(|(k, _)| k.starts_with("clusterprofiles") && !k.ends_with("(collection)"))
+        .map(|(k, n)| n - before.get(k).copied().unwrap_or(0.0))
+        .sum()
+}
+
 pub(crate) fn classify(
     before: &BTreeMap<String, f64>,
     after: &BTreeMap<String, f64>,

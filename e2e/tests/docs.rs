@@ -74,6 +74,11 @@ const PLAN: &[(&str, &str, How)] = &[
         How::Run { member: "east" },
     ),
     (
+        "README.md",
+        "# leader: publish prod's members as ClusterProfiles",
+        How::Run { member: "east" },
+    ),
+    (
         "docs/operations.md",
         "M$ kubectl -n tether-system describe clusterset prod",
         How::Run { member: "east" },

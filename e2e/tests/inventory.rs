@@ -19,16 +19,15 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tether_api::ClusterSet;
 use tether_api::inventory::{ClusterProfile, EXEC_EXTENSION, ExecExtension, UPSTREAM_VERSION};
 use tether_e2e::access::{apply, wait_tunnel};
+use tether_e2e::create_namespace;
 use tether_e2e::fleet::{self, LeaderSide, managed};
 use tether_e2e::sim::{HOME, SET, join_token, ns_of};
-use tether_e2e::{apply_config_file, create_namespace};
 use tether_testkit::controller::binary;
 use tether_testkit::{TestCluster, Tools, eventually, free_port, lab};
 
@@ -157,46 +156,10 @@ async fn install_cluster_profiles(leader: &LeaderSide) {
         "{said}"
     );
     let admin = &leader.admin;
-    apply_config_file(admin, "rbac/leader-inventory.yaml")
+    tether_e2e::allow_inventory(admin, &[INVENTORY, KUEUE])
         .await
         .expect("inventory RBAC");
-    for ns in [INVENTORY, KUEUE, FORBIDDEN] {
-        create_namespace(admin, ns).await.expect("namespace");
-    }
-    for ns in [INVENTORY, KUEUE] {
-        apply(
-            admin,
-            Some(ns),
-            serde_json::to_value(RoleBinding {
-                metadata: kube::api::ObjectMeta {
-                    name: Some("tether-leader-inventory-write".into()),
-                    namespace: Some(ns.into()),
-                    ..Default::default()
-                },
-                role_ref: k8s_openapi::api::rbac::v1::RoleRef {
-                    api_group: "rbac.authorization.k8s.io".into(),
-                    kind: "ClusterRole".into(),
-                    name: "tether-leader-inventory-write".into(),
-                },
-                subjects: Some(vec![k8s_openapi::api::rbac::v1::Subject {
-                    kind: "ServiceAccount".into(),
-                    name: "tether-leader".into(),
-                    namespace: Some(HOME.into()),
-                    ..Default::default()
-                }]),
-            })
-            .expect("binding")
-            .as_object()
-            .map(|o| {
-                let mut o = o.clone();
-                o.insert("apiVersion".into(), json!("rbac.authorization.k8s.io/v1"));
-                o.insert("kind".into(), json!("RoleBinding"));
-                serde_json::Value::Object(o)
-            })
-            .expect("object"),
-        )
-        .await;
-    }
+    create_namespace(admin, FORBIDDEN).await.expect("namespace");
 }
 
 /// What the profile of member `name` must say, field by field, once its agent reported.

@@ -2,7 +2,9 @@
 //! harness keep working. It checks what the benchmark is for, not how fast it goes: every
 //! simulated member joins through the agent's code and becomes Ready, each heartbeat costs
 //! exactly one announce write, nothing else writes at steady state, a silent member is not
-//! marked lost before its grace period, and join/leave show in the ClusterSet status.
+//! marked lost before its grace period, and join/leave show in the ClusterSet status. The members
+//! are also published as ClusterProfiles: none is written at steady state nor by a new leader,
+//! and a member's change costs one write.
 
 use std::time::Duration;
 
@@ -40,6 +42,7 @@ async fn scale_benchmark_smoke_run() {
         // The workspace's own build, named as a benchmark comparing builds names its directories.
         failover_bins: vec![workspace_bins()],
         credential_ttl: None,
+        cluster_profiles: true,
     })
     .await;
     let table = o.table();
@@ -69,6 +72,23 @@ async fn scale_benchmark_smoke_run() {
             "no {kind} write without a change\n{table}"
         );
     }
+    let p = o.profiles.clone().expect("ClusterProfile writes counted");
+    assert_eq!(p.steady, 0.0, "no ClusterProfile write per heartbeat\n{table}");
+    // Created with its status (2), then one status write each for the agent's first report
+    // (version, capacity) and for its first heartbeat (Joined), which may land together.
+    assert!(
+        (2.0..=4.0).contains(&p.per_registration),
+        "a profile created and its status written as the member comes up\n{table}"
+    );
+    assert_eq!(
+        p.silent_member, 1.0,
+        "one status write when a member goes Unknown\n{table}"
+    );
+    assert!(
+        (3.0..=6.0).contains(&p.join_and_leave),
+        "a joining member's profile written, then deleted as it leaves\n{table}"
+    );
+    assert_eq!(p.failover, 0.0, "a new leader rewrites no profile\n{table}");
     assert_eq!(o.heartbeat_failures, 0, "{table}");
     assert!(
         o.detection >= Duration::from_secs(o.grace),

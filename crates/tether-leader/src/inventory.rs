@@ -102,7 +102,9 @@ pub fn profile(
     (obj, status)
 }
 
-/// `Joined`: the member is Ready; pending its first heartbeat; lost; or leaving.
+/// `Joined`: the member is Ready; pending its first heartbeat; lost; or leaving. The messages
+/// are fixed per verdict (a lost member's names Ready's reason), so that a verdict that holds
+/// never costs a write when the ManagedCluster's own wording changes.
 fn joined(mc: &ManagedCluster) -> (&'static str, Status, &'static str, String) {
     if mc.meta().deletion_timestamp.is_some() {
         return (
@@ -113,21 +115,26 @@ fn joined(mc: &ManagedCluster) -> (&'static str, Status, &'static str, String) {
         );
     }
     match ready(mc) {
-        Some(c) if c.status == Status::True.as_str() => (JOINED, Status::True, "Joined", c.message.clone()),
-        Some(c) if c.reason == Reason::AwaitingHeartbeat => {
-            (JOINED, Status::False, "Pending", c.message.clone())
-        }
-        Some(c) => (
+        Some(c) if c.status == Status::True.as_str() => (
+            JOINED,
+            Status::True,
+            "Joined",
+            "the member is Ready: its agent heartbeats".into(),
+        ),
+        Some(c) if c.reason != Reason::AwaitingHeartbeat => (
             JOINED,
             Status::Unknown,
             "Lost",
-            format!("{}: {}", c.reason, c.message),
+            format!(
+                "the member is not Ready ({}): the leader lost sight of its agent",
+                c.reason
+            ),
         ),
-        None => (
+        _ => (
             JOINED,
             Status::False,
             "Pending",
-            "the member was approved and has not been judged yet".into(),
+            "approved; waiting for the agent's first heartbeat".into(),
         ),
     }
 }
