@@ -195,37 +195,30 @@ if [[ ! -x "$etcd_dir/etcd" ]]; then
   say "etcd built"
 fi
 
-if [[ ! -x "$promlint_dir/promlint" ]]; then
+# Builds the Go program in e2e/<name> into `dir` (keyed by its sources), saying `why` first;
+# `then`, if given, runs in the module's folder with the build folder as its argument.
+build_e2e_program() {
+  local name=$1 dir=$2 why=$3 then=${4:-} tmp
+  [[ -x "$dir/$name" ]] && return 0
   go_ready
-  say "building promlint (e2e/promlint: Prometheus's rule and PromQL parser, for the charts' alerts and dashboard)"
-  tmp="$promlint_dir.partial"; rm -rf "$tmp"; mkdir -p "$tmp"
-  cd "$root/e2e/promlint"
-  with_progress "go build (promlint)" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/promlint" .
-  rm -rf "$promlint_dir"; mv "$tmp" "$promlint_dir"
-  say "promlint built"
-fi
+  say "building $name (e2e/$name: $why)"
+  tmp="$dir.partial"; rm -rf "$tmp"; mkdir -p "$tmp"
+  cd "$root/e2e/$name"
+  with_progress "go build ($name)" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/$name" .
+  if [[ -n $then ]]; then "$then" "$tmp"; fi
+  rm -rf "$dir"; mv "$tmp" "$dir"
+  say "$name built"
+}
 
-if [[ ! -x "$consumer_dir/clusterprofile-consumer" ]]; then
-  go_ready
-  say "building clusterprofile-consumer (e2e/clusterprofile-consumer: cluster-inventory-api's pkg/access, as ClusterProfile consumers use it)"
-  tmp="$consumer_dir.partial"; rm -rf "$tmp"; mkdir -p "$tmp"
-  cd "$root/e2e/clusterprofile-consumer"
-  with_progress "go build (clusterprofile-consumer)" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/clusterprofile-consumer" .
-  # Upstream's CRD beside it: tests/inventory.rs checks config/upstream/ against it.
-  cp "$(go list -m -f '{{.Dir}}' sigs.k8s.io/cluster-inventory-api)/config/crd/bases/multicluster.x-k8s.io_clusterprofiles.yaml" "$tmp/"
-  rm -rf "$consumer_dir"; mv "$tmp" "$consumer_dir"
-  say "clusterprofile-consumer built"
-fi
+# Upstream's ClusterProfile CRD beside the consumer: tests/inventory.rs checks config/upstream/ against it.
+copy_upstream_crd() {
+  cp "$(go list -m -f '{{.Dir}}' sigs.k8s.io/cluster-inventory-api)/config/crd/bases/multicluster.x-k8s.io_clusterprofiles.yaml" "$1/"
+}
 
-if [[ ! -x "$mc_consumer_dir/multicluster-consumer" ]]; then
-  go_ready
-  say "building multicluster-consumer (e2e/multicluster-consumer: multicluster-runtime's manager and clusters provider)"
-  tmp="$mc_consumer_dir.partial"; rm -rf "$tmp"; mkdir -p "$tmp"
-  cd "$root/e2e/multicluster-consumer"
-  with_progress "go build (multicluster-consumer)" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/multicluster-consumer" .
-  rm -rf "$mc_consumer_dir"; mv "$tmp" "$mc_consumer_dir"
-  say "multicluster-consumer built"
-fi
+build_e2e_program promlint "$promlint_dir" "Prometheus's rule and PromQL parser, for the charts' alerts and dashboard"
+build_e2e_program clusterprofile-consumer "$consumer_dir" \
+  "cluster-inventory-api's pkg/access, as ClusterProfile consumers use it" copy_upstream_crd
+build_e2e_program multicluster-consumer "$mc_consumer_dir" "multicluster-runtime's manager and clusters provider"
 
 # `go install`s module package `pkg` at `version` into `dir`.
 go_install() {
