@@ -382,6 +382,48 @@ async fn wait_ready(w: &World, name: &str, why: &str) {
     .await;
 }
 
+/// Waits until every Ready member has a ClusterProfile in `ns` that says it Joined (the set
+/// lists `ns` in its inventory: the leader publishes them by itself).
+async fn wait_profiles(w: &World, ns: &str) {
+    use tether_api::inventory::{ClusterProfile, JOINED};
+    step(
+        w.start,
+        &format!("  (waiting: every Ready member's ClusterProfile in {ns})"),
+    );
+    let profiles: Api<ClusterProfile> = Api::namespaced(w.leader.client().expect("client"), ns);
+    tether_testkit::eventually(
+        &format!("a ClusterProfile in {ns} for every Ready member"),
+        Duration::from_secs(180),
+        || async {
+            let ready: Vec<String> = pods::ready_members(&w.leader)
+                .await
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect();
+            let joined: Vec<String> = profiles
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .into_iter()
+                .filter(|p| {
+                    p.status
+                        .iter()
+                        .flat_map(|s| &s.conditions)
+                        .any(|c| c.type_ == JOINED && c.status == "True")
+                })
+                .map(|p| p.name_any())
+                .collect();
+            if !ready.is_empty() && ready.iter().all(|n| joined.contains(n)) {
+                Ok(())
+            } else {
+                Err(format!("Ready {ready:?}, joined profiles {joined:?}"))
+            }
+        },
+    )
+    .await;
+}
+
 /// What the test itself waits for after a line, as the docs say it happens by itself.
 async fn after(w: &mut World, who: Who, cmd: &str, out: &str) {
     let c = cmd.trim_start();
@@ -410,6 +452,8 @@ async fn after(w: &mut World, who: Who, cmd: &str, out: &str) {
             "its agent registered again with its still valid join token",
         )
         .await;
+    } else if c.contains("patch clusterset prod") && c.contains("inventory") {
+        wait_profiles(w, "argocd").await;
     } else if c.starts_with("tether member unban") {
         wait_ready(w, "east", "its agent registered again once the ban was lifted").await;
     } else if c.starts_with("helm upgrade tether-agent")
