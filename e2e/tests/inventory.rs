@@ -23,6 +23,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tether_api::ClusterSet;
+use tether_api::about::ClusterProperty;
 use tether_api::inventory::{ClusterProfile, EXEC_EXTENSION, ExecExtension, UPSTREAM_VERSION};
 use tether_e2e::access::{apply, wait_tunnel};
 use tether_e2e::create_namespace;
@@ -534,6 +535,19 @@ async fn inventory() {
     let mut east = east;
     fleet::add_node(&east.admin, "east-node", "4", "8Gi").await;
     fleet::add_node(&west.admin, "west-node", "2", "4Gi").await;
+    // A KEP-2149 ClusterProperty of east's own, which its profile carries as it is.
+    Api::<ClusterProperty>::all(east.admin.clone())
+        .create(
+            &Default::default(),
+            &ClusterProperty::new(
+                "zone.example.com",
+                tether_api::about::v1alpha1::ClusterPropertySpec {
+                    value: "eu-west-1a".into(),
+                },
+            ),
+        )
+        .await
+        .expect("east's ClusterProperty");
 
     step("each member has a profile in the inventory namespace, saying what its ManagedCluster says");
     for (m, side) in [("east", &east), ("west", &west)] {
@@ -560,6 +574,26 @@ async fn inventory() {
         .await;
         check_profile(&leader, side, m, INVENTORY).await;
     }
+    eventually(
+        "east's own ClusterProperty in its profile",
+        Duration::from_secs(60),
+        || async {
+            let p = profiles(&admin, INVENTORY)
+                .get("east")
+                .await
+                .map_err(|e| e.to_string())?;
+            let zone = p
+                .status
+                .iter()
+                .flat_map(|s| &s.properties)
+                .find(|p| p.name == "zone.example.com")
+                .map(|p| p.value.clone());
+            (zone.as_deref() == Some("eu-west-1a"))
+                .then_some(())
+                .ok_or(format!("{zone:?}"))
+        },
+    )
+    .await;
 
     step(
         "a consumer ServiceAccount reaches each member through its profile with tether credential, as itself",

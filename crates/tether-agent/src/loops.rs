@@ -174,6 +174,22 @@ impl Drop for AbortOnDrop {
 struct Probed {
     version: Option<k8s_openapi::apimachinery::pkg::version::Info>,
     health: tether_api::managedcluster::ApiServerHealth,
+    properties: Vec<tether_api::managedcluster::PropertyValue>,
+}
+
+/// The member's `about.k8s.io` ClusterProperties (none when the CRD is not installed or the
+/// list fails; a page of `MAX_PROPERTIES` at most).
+async fn cluster_properties(member: &Client) -> Vec<tether_api::managedcluster::PropertyValue> {
+    use tether_api::about::ClusterProperty;
+    let lp = kube::api::ListParams::default().limit(tether_api::managedcluster::MAX_PROPERTIES);
+    match Api::<ClusterProperty>::all(member.clone()).list(&lp).await {
+        Ok(list) => crate::report::properties(
+            list.items
+                .into_iter()
+                .map(|p| (kube::ResourceExt::name_any(&p), p.spec.value)),
+        ),
+        Err(_) => Vec::new(),
+    }
 }
 
 /// The member API server's version and health (`/livez`, `/readyz`).
@@ -186,10 +202,12 @@ async fn probe(member: &Client) -> Probed {
             Err(_) => false,
         }
     };
-    let (livez, readyz) = futures::join!(get("/livez"), get("/readyz"));
+    let (livez, readyz, properties) =
+        futures::join!(get("/livez"), get("/readyz"), cluster_properties(member));
     Probed {
         version,
         health: tether_api::managedcluster::ApiServerHealth { livez, readyz },
+        properties,
     }
 }
 
@@ -204,6 +222,7 @@ fn report_of(nodes: &reflector::Store<Node>, probed: &Probed) -> Report {
         kubernetes_version: probed.version.as_ref().map(|v| v.git_version.clone()),
         platform: probed.version.as_ref().map(|v| v.platform.clone()),
         health: probed.health.clone(),
+        properties: probed.properties.clone(),
     }
 }
 

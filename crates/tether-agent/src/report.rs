@@ -11,7 +11,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PatchParams};
 use kube_quantity::ParsedQuantity;
 use tether_api::conditions::{ConditionType, Reason, Status, condition};
-use tether_api::managedcluster::{ApiServerHealth, NodeCounts};
+use tether_api::managedcluster::{
+    ApiServerHealth, MAX_PROPERTIES, MAX_PROPERTY_VALUE, NodeCounts, PropertyValue,
+};
 use tether_api::{ManagedCluster, ManagedClusterStatus};
 
 use crate::{FIELD_MANAGER, VERSION};
@@ -36,6 +38,23 @@ pub struct Report {
     pub platform: Option<String>,
     /// `/livez` and `/readyz` of the member API server.
     pub health: ApiServerHealth,
+    /// The member's `about.k8s.io` ClusterProperties, by name.
+    pub properties: Vec<PropertyValue>,
+}
+
+/// The ClusterProperties worth reporting: sorted by name, at most `MAX_PROPERTIES`, none with an
+/// empty value or one longer than `MAX_PROPERTY_VALUE` characters.
+pub fn properties(all: impl IntoIterator<Item = (String, String)>) -> Vec<PropertyValue> {
+    let mut kept: Vec<PropertyValue> = all
+        .into_iter()
+        .filter(|(name, value)| {
+            !name.is_empty() && !value.is_empty() && value.chars().count() <= MAX_PROPERTY_VALUE as usize
+        })
+        .map(|(name, value)| PropertyValue { name, value })
+        .collect();
+    kept.sort();
+    kept.truncate(MAX_PROPERTIES as usize);
+    kept
 }
 
 /// Counts nodes by their Ready condition and sums their capacity and allocatable.
@@ -193,6 +212,7 @@ pub fn status(
         capacity: r.capacity.clone(),
         allocatable: r.allocatable.clone(),
         api_server_health: Some(r.health.clone()),
+        properties: r.properties.clone(),
         last_heartbeat_time: last_heartbeat.map(Time),
         last_report_time: Some(Time(now)),
         conditions: vec![condition(
@@ -237,6 +257,24 @@ pub fn version_supported(conditions: &[Condition]) -> Option<crate::view::State>
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn cluster_properties_are_reported_sorted_bounded_and_never_empty() {
+        let long = "x".repeat(1025);
+        let mut all = vec![
+            ("zone.example.com".to_string(), "eu-west-1a".to_string()),
+            ("cluster.clusterset.k8s.io".to_string(), "id-1".to_string()),
+            ("empty.example.com".to_string(), String::new()),
+            ("long.example.com".to_string(), long),
+        ];
+        let got = super::properties(all.clone());
+        let names: Vec<&str> = got.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["cluster.clusterset.k8s.io", "zone.example.com"]);
+        for i in 0..100 {
+            all.push((format!("p{i:03}.example.com"), "v".into()));
+        }
+        assert_eq!(super::properties(all).len(), 64);
+    }
+
     use super::*;
     use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
 

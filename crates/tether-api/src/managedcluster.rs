@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::validation::{DNS1123_LABEL, DNS1123_SUBDOMAIN, IMMUTABLE_RULE, MAX_CLUSTER_ID};
@@ -87,6 +88,12 @@ pub struct ManagedClusterStatus {
     /// Health of the member's API server (`/livez`, `/readyz`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_server_health: Option<ApiServerHealth>,
+    /// The member's `about.k8s.io` ClusterProperties (KEP-2149), by name, as its agent reads
+    /// them (at most 64; values over 1,024 characters are left out).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_PROPERTIES))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub properties: Vec<PropertyValue>,
     /// The member's last heartbeat, never written per heartbeat: the leader sets it with every Ready
     /// change and the agent with every status report (on change, and at least every 5 minutes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -99,6 +106,22 @@ pub struct ManagedClusterStatus {
     #[schemars(length(max = 16))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
+}
+
+/// Most ClusterProperties a member reports.
+pub const MAX_PROPERTIES: u32 = 64;
+/// The longest ClusterProperty value reported (what a ClusterProfile property holds).
+pub const MAX_PROPERTY_VALUE: u32 = 1024;
+
+/// One ClusterProperty of a member: its name and value.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PropertyValue {
+    /// The ClusterProperty's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Its value.
+    #[schemars(length(min = 1, max = MAX_PROPERTY_VALUE))]
+    pub value: String,
 }
 
 /// Node counts of a member cluster.

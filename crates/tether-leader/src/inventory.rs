@@ -204,21 +204,32 @@ fn condition(
     }
 }
 
-/// The member's KEP-2149 ClusterProperties that Tether knows (its ID and set), then its
-/// capacity and allocatable resources, each as `multicluster.tether.dev/capacity.<resource>`
-/// and `multicluster.tether.dev/allocatable.<resource>`, and its platform.
+/// The member's KEP-2149 ClusterProperties as its agent reports them, then its ID and set where
+/// it reports none of those names (an agent of an older version reports none), then its
+/// capacity and allocatable resources, each as `multicluster.tether.dev/capacity.<resource>` and
+/// `multicluster.tether.dev/allocatable.<resource>`, and its platform.
 fn properties(mc: &ManagedCluster, set: &SetRef) -> Vec<Property> {
-    let mut props = vec![
-        Property {
-            name: tether_api::properties::CLUSTER_ID.into(),
-            value: mc.spec.cluster_id.clone(),
-        },
-        Property {
-            name: tether_api::properties::CLUSTER_SET.into(),
-            value: set.name.clone(),
-        },
-    ];
-    if let Some(s) = mc.status.as_ref() {
+    let status = mc.status.as_ref();
+    let mut props: Vec<Property> = status
+        .iter()
+        .flat_map(|s| &s.properties)
+        .map(|p| Property {
+            name: p.name.clone(),
+            value: p.value.clone(),
+        })
+        .collect();
+    for (name, value) in [
+        (tether_api::properties::CLUSTER_ID, &mc.spec.cluster_id),
+        (tether_api::properties::CLUSTER_SET, &set.name),
+    ] {
+        if !props.iter().any(|p| p.name == name) {
+            props.push(Property {
+                name: name.into(),
+                value: value.clone(),
+            });
+        }
+    }
+    if let Some(s) = status {
         for (kind, map) in [("capacity", &s.capacity), ("allocatable", &s.allocatable)] {
             for (resource, q) in map {
                 props.push(Property {
@@ -234,11 +245,15 @@ fn properties(mc: &ManagedCluster, set: &SetRef) -> Vec<Property> {
             });
         }
     }
-    // NB: upstream bounds names to 253 and values to 1,024 characters, and requires both.
-    props.retain(|p| !p.value.is_empty() && p.name.len() <= 253);
-    for p in &mut props {
-        p.value = p.value.chars().take(1024).collect();
-    }
+    // NB: upstream bounds names to 253 and values to 1,024 characters, requires both, and keys
+    // the list by name.
+    let mut seen = HashSet::new();
+    props.retain(|p| {
+        !p.value.is_empty()
+            && p.value.chars().count() <= 1024
+            && p.name.len() <= 253
+            && seen.insert(p.name.clone())
+    });
     props
 }
 
@@ -545,6 +560,10 @@ mod tests {
             kubernetes_version: Some("v1.37.2".into()),
             capacity: BTreeMap::from([("cpu".into(), Quantity("4".into()))]),
             allocatable: BTreeMap::from([("cpu".into(), Quantity("3900m".into()))]),
+            properties: vec![tether_api::managedcluster::PropertyValue {
+                name: "zone.example.com".into(),
+                value: "eu-west-1a".into(),
+            }],
             ..Default::default()
         });
         mc
@@ -655,6 +674,7 @@ mod tests {
         assert_eq!(
             props,
             [
+                ("zone.example.com", "eu-west-1a"),
                 ("cluster.clusterset.k8s.io", "id-east"),
                 ("clusterset.k8s.io", "prod"),
                 ("multicluster.tether.dev/capacity.cpu", "4"),

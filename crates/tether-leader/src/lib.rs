@@ -281,31 +281,22 @@ pub(crate) fn slim_lease(lease: &mut k8s_openapi::api::coordination::v1::Lease) 
 /// As `slim`; of a ManagedCluster's status only the Ready condition is kept: the capacity,
 /// nodes and versions the agent reports are for users, and no leader controller reads them.
 /// What the ClusterProfile publisher reads of a member, besides what `slim_cluster` keeps: its
-/// Kubernetes version, platform, capacity and allocatable resources, and the health it reports.
+/// Kubernetes version, platform, capacity and allocatable resources, ClusterProperties, and the
+/// health it reports.
 fn slim_cluster_for_inventory(mc: &mut ManagedCluster) {
-    let kept = mc.status.as_mut().map(|s| {
-        let health = s
-            .conditions
-            .iter()
-            .find(|c| c.type_ == tether_api::conditions::ConditionType::ApiServerHealthy)
-            .cloned();
-        (
-            s.kubernetes_version.take(),
-            s.platform.take(),
-            std::mem::take(&mut s.capacity),
-            std::mem::take(&mut s.allocatable),
-            health,
-        )
-    });
+    let full = mc.status.clone();
     slim_cluster(mc);
-    if let (Some(status), Some((version, platform, capacity, allocatable, health))) =
-        (mc.status.as_mut(), kept)
-    {
-        status.kubernetes_version = version;
-        status.platform = platform;
-        status.capacity = capacity;
-        status.allocatable = allocatable;
-        status.conditions.extend(health);
+    if let (Some(status), Some(full)) = (mc.status.as_mut(), full) {
+        status.kubernetes_version = full.kubernetes_version;
+        status.platform = full.platform;
+        status.capacity = full.capacity;
+        status.allocatable = full.allocatable;
+        status.properties = full.properties;
+        status.conditions.extend(
+            full.conditions
+                .into_iter()
+                .filter(|c| c.type_ == tether_api::conditions::ConditionType::ApiServerHealthy),
+        );
     }
 }
 

@@ -330,6 +330,8 @@ impl Member {
                 livez: true,
                 readyz: true,
             },
+            // NB: the leader derives the cluster ID and set from the ManagedCluster itself.
+            properties: Vec::new(),
         };
         let url = format!("https://{}.sim.invalid:6443", self.name);
         let status = status(&report, &url, &[], Some(Timestamp::now()), Timestamp::now());
