@@ -140,12 +140,11 @@ async fn set_inventory(admin: &Client, namespaces: &[&str]) {
 }
 
 async fn install_cluster_profiles(leader: &LeaderSide) {
-    let out = tokio::process::Command::new(binary("tether").expect("tether binary"))
-        .arg(format!("--kubeconfig={}", leader.cluster.kubeconfig().display()))
-        .args(["crds", "apply", "--side", "leader", "--cluster-profiles"])
-        .output()
-        .await
-        .expect("run tether crds apply");
+    let out = tether(
+        leader,
+        &["crds", "apply", "--side", "leader", "--cluster-profiles"],
+    )
+    .await;
     assert!(
         out.status.success(),
         "tether crds apply --cluster-profiles: {}",

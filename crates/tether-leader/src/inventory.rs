@@ -204,31 +204,39 @@ fn condition(
     }
 }
 
-/// The member's KEP-2149 ClusterProperties as its agent reports them, then its ID and set where
-/// it reports none of those names (an agent of an older version reports none), then its
-/// capacity and allocatable resources, each as `multicluster.tether.dev/capacity.<resource>` and
-/// `multicluster.tether.dev/allocatable.<resource>`, and its platform.
+/// The member's ID and set as the leader knows them (`cluster.clusterset.k8s.io`,
+/// `clusterset.k8s.io`), then the member's other KEP-2149 ClusterProperties as its agent reports
+/// them, then its capacity and allocatable resources, each as
+/// `multicluster.tether.dev/capacity.<resource>` and `multicluster.tether.dev/allocatable.<resource>`,
+/// and its platform. NB: a member reports what it likes; the names the leader vouches for (the ID,
+/// the set, and `multicluster.tether.dev/`) are never taken from it.
 fn properties(mc: &ManagedCluster, set: &SetRef) -> Vec<Property> {
     let status = mc.status.as_ref();
-    let mut props: Vec<Property> = status
-        .iter()
-        .flat_map(|s| &s.properties)
-        .map(|p| Property {
-            name: p.name.clone(),
-            value: p.value.clone(),
-        })
-        .collect();
-    for (name, value) in [
-        (tether_api::properties::CLUSTER_ID, &mc.spec.cluster_id),
-        (tether_api::properties::CLUSTER_SET, &set.name),
-    ] {
-        if !props.iter().any(|p| p.name == name) {
-            props.push(Property {
-                name: name.into(),
-                value: value.clone(),
-            });
-        }
-    }
+    let owned = |name: &str| {
+        name == tether_api::properties::CLUSTER_ID
+            || name == tether_api::properties::CLUSTER_SET
+            || name.starts_with(PROPERTY_PREFIX)
+    };
+    let mut props = vec![
+        Property {
+            name: tether_api::properties::CLUSTER_ID.into(),
+            value: mc.spec.cluster_id.clone(),
+        },
+        Property {
+            name: tether_api::properties::CLUSTER_SET.into(),
+            value: set.name.clone(),
+        },
+    ];
+    props.extend(
+        status
+            .iter()
+            .flat_map(|s| &s.properties)
+            .filter(|p| !owned(&p.name))
+            .map(|p| Property {
+                name: p.name.clone(),
+                value: p.value.clone(),
+            }),
+    );
     if let Some(s) = status {
         for (kind, map) in [("capacity", &s.capacity), ("allocatable", &s.allocatable)] {
             for (resource, q) in map {
@@ -560,10 +568,18 @@ mod tests {
             kubernetes_version: Some("v1.37.2".into()),
             capacity: BTreeMap::from([("cpu".into(), Quantity("4".into()))]),
             allocatable: BTreeMap::from([("cpu".into(), Quantity("3900m".into()))]),
-            properties: vec![tether_api::managedcluster::PropertyValue {
-                name: "zone.example.com".into(),
-                value: "eu-west-1a".into(),
-            }],
+            properties: [
+                ("zone.example.com", "eu-west-1a"),
+                // What a member may not claim: another ID, another set, Tether's own names.
+                ("cluster.clusterset.k8s.io", "someone-else"),
+                ("clusterset.k8s.io", "other-set"),
+                ("multicluster.tether.dev/capacity.cpu", "9999"),
+            ]
+            .map(|(name, value)| tether_api::managedcluster::PropertyValue {
+                name: name.into(),
+                value: value.into(),
+            })
+            .to_vec(),
             ..Default::default()
         });
         mc
@@ -674,9 +690,9 @@ mod tests {
         assert_eq!(
             props,
             [
-                ("zone.example.com", "eu-west-1a"),
                 ("cluster.clusterset.k8s.io", "id-east"),
                 ("clusterset.k8s.io", "prod"),
+                ("zone.example.com", "eu-west-1a"),
                 ("multicluster.tether.dev/capacity.cpu", "4"),
                 ("multicluster.tether.dev/allocatable.cpu", "3900m"),
             ]
