@@ -64,9 +64,9 @@ test-upgrade: image ## Upgrade from an earlier release on real nodes: FROM=v0.1.
 	$(CARGO) build --locked -p tether-controller -p tether-cli
 	FROM="$(FROM)" CARGO="$(CARGO)" e2e/upgrade.sh
 
-bench: tools ## Benchmark: one leader against N simulated members (N="100 1000 5000 10000" by default; tens of minutes; TTL=600 also measures credential renewals; FAILOVERS=K repeats the failover; FAILOVER_BINS=dirA,dirB runs those builds in turn)
+bench: tools ## Benchmark: one leader against N simulated members (N="100 1000 5000 10000" by default; tens of minutes; TTL=600 also measures credential renewals; FAILOVERS=K repeats the failover; FAILOVER_BINS=dirA,dirB runs those builds in turn; PROFILES=1 also publishes ClusterProfiles and counts their writes)
 	$(CARGO) build --locked --release -p tether-controller
-	TETHER_BIN_DIR=$(CURDIR)/target/release $(CARGO) run --locked --release -q -p tether-e2e --example scale_bench -- $(N) $(if $(TTL),--credential-ttl $(TTL)) $(if $(FAILOVERS),--failovers $(FAILOVERS)) $(if $(FAILOVER_BINS),--failover-bins $(FAILOVER_BINS))
+	TETHER_BIN_DIR=$(CURDIR)/target/release $(CARGO) run --locked --release -q -p tether-e2e --example scale_bench -- $(N) $(if $(TTL),--credential-ttl $(TTL)) $(if $(FAILOVERS),--failovers $(FAILOVERS)) $(if $(FAILOVER_BINS),--failover-bins $(FAILOVER_BINS)) $(if $(PROFILES),--cluster-profiles)
 
 # The soak runs the leader binary that the image ships (static musl: its allocator is the one
 # users run); BUILD=host runs the host's glibc release build instead. By default that binary is

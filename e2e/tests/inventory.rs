@@ -644,6 +644,27 @@ async fn inventory() {
         condition(&p, "ControlPlaneHealthy").map(|c| c.0).as_deref(),
         Some("Unknown")
     );
+    // The profile turns with the member's Ready condition, not a detection time later.
+    let since = |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| t.0.as_second();
+    let joined_at = p
+        .status
+        .iter()
+        .flat_map(|s| &s.conditions)
+        .find(|c| c.type_ == "Joined")
+        .map(|c| since(&c.last_transition_time))
+        .expect("Joined");
+    let mc = managed(&admin, "east").await.expect("east");
+    let ready_at = mc
+        .status
+        .iter()
+        .flat_map(|s| &s.conditions)
+        .find(|c| c.type_ == "Ready")
+        .map(|c| since(&c.last_transition_time))
+        .expect("Ready");
+    assert!(
+        (joined_at - ready_at).abs() <= 1,
+        "Joined turned at {joined_at}, Ready at {ready_at} (Unix seconds)"
+    );
     east.start_agent();
     wait_condition(
         &admin,
