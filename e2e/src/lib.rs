@@ -4,6 +4,7 @@
 
 pub mod access;
 pub mod fleet;
+pub mod inventory;
 pub mod liveness;
 pub mod pods;
 pub mod registry;
