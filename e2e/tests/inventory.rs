@@ -384,22 +384,13 @@ async fn inventory() {
         Some("Unknown")
     );
     // The profile turns with the member's Ready condition, not a detection time later.
-    let since = |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| t.0.as_second();
-    let joined_at = p
-        .status
-        .iter()
-        .flat_map(|s| &s.conditions)
-        .find(|c| c.type_ == "Joined")
-        .map(|c| since(&c.last_transition_time))
-        .expect("Joined");
+    let turned = |conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition], type_: &str| {
+        let c = conditions.iter().find(|c| c.type_ == type_);
+        c.map(|c| c.last_transition_time.0.as_second()).expect(type_)
+    };
+    let joined_at = turned(&p.status.clone().unwrap_or_default().conditions, "Joined");
     let mc = managed(&admin, "east").await.expect("east");
-    let ready_at = mc
-        .status
-        .iter()
-        .flat_map(|s| &s.conditions)
-        .find(|c| c.type_ == "Ready")
-        .map(|c| since(&c.last_transition_time))
-        .expect("Ready");
+    let ready_at = turned(&mc.status.unwrap_or_default().conditions, "Ready");
     assert!(
         (joined_at - ready_at).abs() <= 1,
         "Joined turned at {joined_at}, Ready at {ready_at} (Unix seconds)"

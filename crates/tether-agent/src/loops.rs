@@ -141,7 +141,9 @@ pub(crate) async fn report(
         }
         tokio::select! {
             _ = changed.notified() => tokio::time::sleep(Duration::from_secs(1)).await,
-            _ = tokio::time::sleep(HEALTH_EVERY) => {}
+            // NB: until the next probe is due, not a whole period from now (which let a probe,
+            // and a ClusterProperty change, wait up to two periods).
+            _ = tokio::time::sleep(HEALTH_EVERY.saturating_sub(probed_at.elapsed())) => {}
         }
     }
 }
@@ -188,7 +190,15 @@ async fn cluster_properties(member: &Client) -> Vec<tether_api::managedcluster::
                 .into_iter()
                 .map(|p| (kube::ResourceExt::name_any(&p), p.spec.value)),
         ),
-        Err(_) => Vec::new(),
+        // NB: 404 is a member without the ClusterProperty CRD: nothing to report.
+        Err(kube::Error::Api(e)) if e.code == 404 => Vec::new(),
+        Err(e) => {
+            warn!(
+                error = &e as &dyn std::error::Error,
+                "Cannot list this cluster's ClusterProperties; reporting none"
+            );
+            Vec::new()
+        }
     }
 }
 

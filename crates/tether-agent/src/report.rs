@@ -170,6 +170,7 @@ pub fn worth_writing(last: Option<&Report>, next: &Report) -> bool {
         || last.kubernetes_version != next.kubernetes_version
         || last.platform != next.platform
         || last.health != next.health
+        || last.properties != next.properties
         || allocatable_moved(&last.allocatable, &next.allocatable)
 }
 
@@ -273,6 +274,18 @@ mod tests {
             all.push((format!("p{i:03}.example.com"), "v".into()));
         }
         assert_eq!(super::properties(all).len(), 64);
+    }
+
+    #[test]
+    fn a_new_or_changed_cluster_property_is_worth_a_write() {
+        let last = super::Report::default();
+        let mut next = last.clone();
+        next.properties = super::properties([("zone.example.com".to_string(), "a".to_string())]);
+        assert!(super::worth_writing(Some(&last), &next));
+        let mut changed = next.clone();
+        changed.properties[0].value = "b".into();
+        assert!(super::worth_writing(Some(&next), &changed));
+        assert!(!super::worth_writing(Some(&next), &next.clone()));
     }
 
     use super::*;

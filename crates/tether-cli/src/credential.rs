@@ -148,25 +148,37 @@ fn token_from_file(path: &Path) -> anyhow::Result<String> {
     Ok(text)
 }
 
-/// Runs `command` with `sh -c` for at most `COMMAND_TIMEOUT`; what it prints is the token.
+/// Runs `command` with `sh -c` for at most `COMMAND_TIMEOUT`; what it prints (at most
+/// `MAX_TOKEN` bytes are read: a command that prints more fails) is the token. Its error output
+/// goes where this process's goes (client-go shows it).
 async fn token_from_command(command: &str) -> anyhow::Result<String> {
-    let run = tokio::process::Command::new("sh")
+    use tokio::io::AsyncReadExt as _;
+    let mut child = tokio::process::Command::new("sh")
         .args(["-c", command])
         .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(COMMAND_TIMEOUT, run)
+        .spawn()
+        .with_context(|| format!("cannot run the token command: {command}"))?;
+    let mut stdout = child.stdout.take().context("the token command has no output")?;
+    let run = async {
+        let mut out = Vec::new();
+        (&mut stdout)
+            .take(MAX_TOKEN as u64 + 1)
+            .read_to_end(&mut out)
+            .await?;
+        drop(stdout);
+        let status = child.wait().await?;
+        Ok::<_, std::io::Error>((status, out))
+    };
+    let (status, out) = tokio::time::timeout(COMMAND_TIMEOUT, run)
         .await
         .with_context(|| format!("the token command did not finish within {COMMAND_TIMEOUT:?}: {command}"))?
         .with_context(|| format!("cannot run the token command: {command}"))?;
-    if !out.status.success() {
-        anyhow::bail!(
-            "the token command failed ({}): {command}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+    if !status.success() {
+        anyhow::bail!("the token command failed ({status}): {command}");
     }
-    String::from_utf8(out.stdout).context("the token command printed something other than UTF-8")
+    String::from_utf8(out).context("the token command printed something other than UTF-8")
 }
 
 /// `tether credential`.
@@ -208,6 +220,38 @@ mod tests {
             b(claims.to_string().as_bytes()),
             b(b"sig")
         )
+    }
+
+    #[tokio::test]
+    async fn a_token_command_is_bounded_in_time_and_size() {
+        assert_eq!(token_from_command("echo abc").await.unwrap().trim(), "abc");
+        assert!(token_from_command("exit 3").await.is_err());
+        // Endless output: read up to the bound, then the command is killed (not waited for).
+        let start = std::time::Instant::now();
+        let endless = tokio::time::timeout(
+            std::time::Duration::from_secs(40),
+            token_from_command("yes aaaaaaaaaaaaaaaa"),
+        )
+        .await
+        .expect("bounded by the command timeout");
+        assert!(endless.is_err(), "more than {MAX_TOKEN} bytes is no token");
+        assert!(start.elapsed() <= COMMAND_TIMEOUT + std::time::Duration::from_secs(5));
+    }
+
+    #[test]
+    fn install_to_copies_this_binary_executable() {
+        let dir = tempfile::tempdir().unwrap();
+        install(dir.path()).unwrap();
+        let to = dir.path().join("tether");
+        let me = std::fs::metadata(std::env::current_exe().unwrap()).unwrap();
+        let copy = std::fs::metadata(&to).unwrap();
+        assert_eq!(copy.len(), me.len());
+        #[cfg(unix)]
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&copy.permissions()) & 0o777,
+            0o755
+        );
+        assert!(install(&dir.path().join("missing")).is_err());
     }
 
     #[test]

@@ -283,6 +283,24 @@ pub(crate) fn slim_lease(lease: &mut k8s_openapi::api::coordination::v1::Lease) 
 /// What the ClusterProfile publisher reads of a member, besides what `slim_cluster` keeps: its
 /// Kubernetes version, platform, capacity and allocatable resources, ClusterProperties, and the
 /// health it reports.
+/// Most bytes (names and values) of a member's reported ClusterProperties the leader caches.
+/// NB: a member writes its own status: the CRD allows 64 properties of up to 1,024 characters,
+/// which 10,000 members could make 800 MiB of cache; this bounds it to 40 MiB.
+const MAX_CACHED_PROPERTY_BYTES: usize = 4096;
+
+/// The properties, in order, as long as their names and values fit `MAX_CACHED_PROPERTY_BYTES`.
+fn bounded_properties(
+    all: Vec<tether_api::managedcluster::PropertyValue>,
+) -> Vec<tether_api::managedcluster::PropertyValue> {
+    let mut used = 0;
+    all.into_iter()
+        .take_while(|p| {
+            used += p.name.len() + p.value.len();
+            used <= MAX_CACHED_PROPERTY_BYTES
+        })
+        .collect()
+}
+
 fn slim_cluster_for_inventory(mc: &mut ManagedCluster) {
     let full = mc.status.clone();
     slim_cluster(mc);
@@ -291,7 +309,7 @@ fn slim_cluster_for_inventory(mc: &mut ManagedCluster) {
         status.platform = full.platform;
         status.capacity = full.capacity;
         status.allocatable = full.allocatable;
-        status.properties = full.properties;
+        status.properties = bounded_properties(full.properties);
         status.conditions.extend(
             full.conditions
                 .into_iter()
@@ -323,6 +341,28 @@ fn slim_cluster(mc: &mut ManagedCluster) {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+
+    #[test]
+    fn a_member_cannot_grow_the_leaders_cache_with_properties() {
+        let big: Vec<_> = (0..64)
+            .map(|i| tether_api::managedcluster::PropertyValue {
+                name: format!("p{i:02}.example.com"),
+                value: "v".repeat(1024),
+            })
+            .collect();
+        let kept = super::bounded_properties(big.clone());
+        let bytes: usize = kept.iter().map(|p| p.name.len() + p.value.len()).sum();
+        assert_eq!(kept.len(), 3, "{bytes} bytes");
+        assert_eq!(kept[..], big[..3], "the first ones, in order");
+        let small = big[..2]
+            .iter()
+            .map(|p| tether_api::managedcluster::PropertyValue {
+                value: "v".into(),
+                ..p.clone()
+            })
+            .collect::<Vec<_>>();
+        assert_eq!(super::bounded_properties(small.clone()), small);
+    }
 
     #[test]
     fn a_cached_lease_keeps_only_what_the_leader_reads() {

@@ -29,26 +29,59 @@ use profile::{Member, labels_hold, owner};
 
 use crate::{Context, Error, write};
 
-/// How long a profile whose write failed waits before it is tried again.
+/// How long a member whose profile could not be written waits before it is tried again: this,
+/// doubled after each failure in a row up to `RETRY_MAX`. NB: a namespace the leader may not
+/// write in fails for every member; a fixed short retry would cost the API server N refused
+/// writes every few seconds.
 const RETRY: Duration = Duration::from_secs(5);
+const RETRY_MAX: Duration = Duration::from_secs(300);
 /// Profiles written at once.
 const CONCURRENCY: usize = 8;
 
-/// Which members' profiles need a look, shared by the triggers and the writer.
+/// Which members' profiles need a look, shared by the triggers and the writer; how often each
+/// failed in a row; and the namespaces Tether's profiles were seen in (where a stale one of a
+/// member may be, so that finding it is a lookup per namespace, not a scan of every profile).
 #[derive(Default)]
 struct Queue {
     dirty: Mutex<HashSet<Member>>,
     wake: Notify,
+    failures: Mutex<HashMap<Member, u32>>,
+    namespaces: Mutex<BTreeSet<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // NB: every update is one insert or remove: consistent under a panic elsewhere.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Queue {
+    /// How long `m` waits after one more failure in a row.
+    fn failed(&self, m: &Member) -> Duration {
+        let mut f = lock(&self.failures);
+        let n = f.entry(m.clone()).or_insert(0);
+        *n = n.saturating_add(1);
+        RETRY.saturating_mul(1 << (*n - 1).min(6)).min(RETRY_MAX)
+    }
+
+    fn succeeded(&self, m: &Member) {
+        lock(&self.failures).remove(m);
+    }
+
+    fn saw_namespace(&self, ns: String) {
+        lock(&self.namespaces).insert(ns);
+    }
+
+    fn namespaces(&self) -> Vec<String> {
+        lock(&self.namespaces).iter().cloned().collect()
+    }
+
     fn push(&self, m: Member) {
-        self.dirty.lock().unwrap_or_else(|p| p.into_inner()).insert(m);
+        lock(&self.dirty).insert(m);
         self.wake.notify_one();
     }
 
     fn take(&self) -> Vec<Member> {
-        let mut d = self.dirty.lock().unwrap_or_else(|p| p.into_inner());
+        let mut d = lock(&self.dirty);
         let mut all: Vec<Member> = d.drain().collect();
         all.sort();
         all
@@ -87,7 +120,16 @@ pub async fn run(
             r.ok()
                 .map(|mc| Some((mc.namespace().unwrap_or_default(), mc.name_any())))
         });
-        let touched = touched.filter_map(|r| async move { r.ok().map(|p| owner(&p)) });
+        let touched = touched.filter_map({
+            let queue = queue.clone();
+            move |r| {
+                let m = r.ok().map(|p| {
+                    queue.saw_namespace(p.namespace().unwrap_or_default());
+                    owner(&p)
+                });
+                async move { m }
+            }
+        });
         let sets = sets.filter_map(|r| async move { r.ok() }).flat_map({
             let ctx = ctx.clone();
             move |set| {
@@ -116,6 +158,9 @@ pub async fn run(
     };
     let work = async {
         ctx.wait_ready().await;
+        for p in profiles.state() {
+            queue.saw_namespace(p.namespace().unwrap_or_default());
+        }
         loop {
             let batch = queue.take();
             if batch.is_empty() {
@@ -128,16 +173,19 @@ pub async fn run(
                         (ctx.clone(), access.clone(), profiles.clone(), queue.clone());
                     async move {
                         // NB: a replica that is not leading writes nothing; its next term re-queues all.
-                        if let Err(e) = sync(&ctx, &access, &profiles, &m).await
-                            && !matches!(e, Error::NotLeader)
-                        {
-                            warn!(member = %m.1, namespace = %m.0, error = %e,
-                                  "Cannot publish the member's ClusterProfile; retrying");
-                            ctx.metrics.reconcile_error(e.label());
-                            tokio::spawn(async move {
-                                tokio::time::sleep(RETRY).await;
-                                queue.push(m);
-                            });
+                        match sync(&ctx, &access, &profiles, &queue.namespaces(), &m).await {
+                            Ok(()) => queue.succeeded(&m),
+                            Err(Error::NotLeader) => {}
+                            Err(e) => {
+                                let wait = queue.failed(&m);
+                                warn!(member = %m.1, namespace = %m.0, error = %e, retry_seconds = wait.as_secs(),
+                                      "Cannot publish the member's ClusterProfile; retrying");
+                                ctx.metrics.reconcile_error(e.label());
+                                tokio::spawn(async move {
+                                    tokio::time::sleep(wait).await;
+                                    queue.push(m);
+                                });
+                            }
                         }
                     }
                 })
@@ -148,11 +196,13 @@ pub async fn run(
 }
 
 /// Brings member `m`'s profiles to what its ManagedCluster and set say: written where they
-/// differ, deleted where the member or the namespace is gone from the set.
+/// differ, deleted where the member or the namespace is gone from the set (looked for in
+/// `namespaces`, where Tether's profiles were seen).
 async fn sync(
     ctx: &Context,
     access: &Access,
     profiles: &Store<ClusterProfile>,
+    namespaces: &[String],
     m: &Member,
 ) -> Result<(), Error> {
     if !ctx.is_leader() {
@@ -179,10 +229,13 @@ async fn sync(
             failed.get_or_insert(e);
         }
     }
-    let stale: Vec<Arc<ClusterProfile>> = profiles
-        .state()
-        .into_iter()
-        .filter(|p| owner(p).as_ref() == Some(m) && !wanted.contains_key(&p.namespace().unwrap_or_default()))
+    // NB: a profile is named as its member, so a stale one is found by name in each namespace
+    // profiles were seen in (a few), never by scanning every profile (as many as the members).
+    let stale: Vec<Arc<ClusterProfile>> = namespaces
+        .iter()
+        .filter(|ns| !wanted.contains_key(*ns))
+        .filter_map(|ns| profiles.get(&ObjectRef::new(&m.1).within(ns)))
+        .filter(|p| owner(p).as_ref() == Some(m))
         .collect();
     for p in stale {
         let ns = p.namespace().unwrap_or_default();
@@ -234,4 +287,21 @@ async fn publish(
     ctx.metrics.inventory_write("status");
     debug!(member = %m.1, namespace = %ns, "ClusterProfile published");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_member_that_keeps_failing_waits_longer_each_time_up_to_five_minutes() {
+        let q = Queue::default();
+        let m: Member = ("tether-prod-east-1".into(), "east".into());
+        let waits: Vec<u64> = (0..10).map(|_| q.failed(&m).as_secs()).collect();
+        assert_eq!(waits, [5, 10, 20, 40, 80, 160, 300, 300, 300, 300]);
+        q.succeeded(&m);
+        assert_eq!(q.failed(&m).as_secs(), 5, "a success starts over");
+        let other: Member = ("tether-prod-west-1".into(), "west".into());
+        assert_eq!(q.failed(&other).as_secs(), 5, "each member counts its own");
+    }
 }
