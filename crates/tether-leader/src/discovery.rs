@@ -60,16 +60,16 @@ pub fn objects(ca_pem: &str, url: &str) -> (ConfigMap, Role, RoleBinding) {
 
 async fn create_if_absent<K>(api: Api<K>, obj: &K) -> Result<bool, Error>
 where
-    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
     match api.create(&PostParams::default(), obj).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-        Err(source) => Err(Error::Api {
-            op: "publish discovery",
-            name: obj.meta().name.clone().unwrap_or_default(),
-            source,
-        }),
+        Err(source) => Err(Error::api::<K>(
+            "create",
+            api.namespace(),
+            obj.meta().name.as_deref().unwrap_or_default(),
+        )(source)),
     }
 }
 
@@ -102,12 +102,12 @@ pub async fn publish(client: &Client, ca_pem: &str, url: &str) -> Result<(), Err
 /// Replaces the data of the existing `cluster-info` with `want`'s if the leader made it and it
 /// differs (a resourceVersion-checked update: a concurrent writer wins, the next start retries).
 async fn keep_in_step(configmaps: &Api<ConfigMap>, want: &ConfigMap) -> Result<(), Error> {
-    let api_err = |source| Error::Api {
-        op: "update discovery",
-        name: NAME.into(),
-        source,
-    };
-    let Some(mut current) = configmaps.get_opt(NAME).await.map_err(api_err)? else {
+    let Some(mut current) = configmaps.get_opt(NAME).await.map_err(Error::api::<ConfigMap>(
+        "get",
+        configmaps.namespace(),
+        NAME,
+    ))?
+    else {
         return Ok(());
     };
     let ours = current
@@ -123,7 +123,7 @@ async fn keep_in_step(configmaps: &Api<ConfigMap>, want: &ConfigMap) -> Result<(
     configmaps
         .replace(NAME, &PostParams::default(), &current)
         .await
-        .map_err(api_err)?;
+        .map_err(Error::api::<ConfigMap>("update", configmaps.namespace(), NAME))?;
     info!(
         namespace = NAMESPACE,
         name = NAME,

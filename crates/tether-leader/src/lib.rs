@@ -6,6 +6,7 @@
 //! Every replica runs the controllers and keeps its caches warm; only the holder of the lease
 //! (a `watch` of "am I leader", passed in) acts, and every write checks it (`write.rs`).
 
+pub mod approval;
 pub mod cleanup;
 pub mod clusterset;
 pub mod discovery;
@@ -25,6 +26,7 @@ pub mod status;
 mod streams;
 pub mod write;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -177,14 +179,18 @@ impl Context {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An API call failed.
-    #[error("{op} {name}: {source}")]
+    #[error("{verb} {kind} {}: {source}", write::object_name(namespace.as_deref(), name))]
     Api {
-        /// What was attempted.
-        op: &'static str,
-        /// The object.
+        /// What was attempted: `apply`, `patch status`, `delete`, `get`, `create token`...
+        verb: &'static str,
+        /// The object's kind.
+        kind: Cow<'static, str>,
+        /// Its namespace, if namespaced.
+        namespace: Option<String>,
+        /// Its name (a label selector for a collection).
         name: String,
-        /// The cause.
-        source: kube::Error,
+        /// The cause (boxed: it is large, and every Result of the leader carries this type).
+        source: Box<kube::Error>,
     },
     /// The credential could not be sealed.
     #[error("seal credential: {0}")]
@@ -209,19 +215,36 @@ pub enum Error {
 }
 
 impl Error {
-    /// A bounded label for metrics.
-    pub fn label(&self) -> &'static str {
+    /// An API call `verb` on object `name` of kind `K` in `namespace` failed.
+    pub fn api<K: Resource<DynamicType = ()>>(
+        verb: &'static str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> impl FnOnce(kube::Error) -> Self {
+        let (namespace, name) = (namespace.map(str::to_string), name.to_string());
+        move |source| Error::Api {
+            verb,
+            kind: K::kind(&()),
+            namespace,
+            name,
+            source: Box::new(source),
+        }
+    }
+
+    /// A bounded label for metrics: the verb and kind of a failed call (`apply/Role`), else what
+    /// failed.
+    pub fn label(&self) -> Cow<'static, str> {
         match self {
-            Error::Api { op, .. } => op,
-            Error::Seal(_) => "seal",
-            Error::NotLeader => "not_leader",
-            Error::DeletionBlocked { .. } => "deletion_blocked",
+            Error::Api { verb, kind, .. } => format!("{verb}/{kind}").into(),
+            Error::Seal(_) => "seal".into(),
+            Error::NotLeader => "not_leader".into(),
+            Error::DeletionBlocked { .. } => "deletion_blocked".into(),
             Error::Finalizer(e) => match e.as_ref() {
                 kube::runtime::finalizer::Error::ApplyFailed(inner)
                 | kube::runtime::finalizer::Error::CleanupFailed(inner) => inner.label(),
-                _ => "finalizer",
+                _ => "finalizer".into(),
             },
-            Error::Invariant(_) => "invariant",
+            Error::Invariant(_) => "invariant".into(),
         }
     }
 }
@@ -243,7 +266,7 @@ fn error_policy<K: kube::Resource<DynamicType = ()>>(obj: Arc<K>, err: &Error, c
     }
     warn!(kind = %K::kind(&()), object = %write::key(obj.as_ref()), error = err as &dyn std::error::Error,
           "Reconcile failed; retrying");
-    ctx.metrics.reconcile_error(err.label());
+    ctx.metrics.reconcile_error(&err.label());
     Action::requeue(Duration::from_secs(5))
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -19,8 +19,7 @@ use tether_api::{ManagedCluster, ManagedClusterStatus, MemberClusterAnnounce};
 use tracing::{info, warn};
 
 use crate::cleanup::{Removal, remove_member};
-use crate::health::{Signals, Timings, Tunnel, Verdict, judge};
-use crate::status::condition;
+use crate::health::{Facts, Notice, Signals, Timings, Transition, Tunnel, Verdict, judge, transition};
 use crate::write::{apply_status, event, key};
 use crate::{Context, Error};
 
@@ -56,11 +55,14 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
         // NB: the announce comes from another watch than the ManagedCluster; confirm with a read
         // before taking its absence as the member leaving.
         let api = Api::<MemberClusterAnnounce>::namespaced(ctx.client.clone(), &namespace);
-        let found = api.get_opt(&name).await.map_err(|source| Error::Api {
-            op: "get announce",
-            name: name.clone(),
-            source,
-        })?;
+        let found = api
+            .get_opt(&name)
+            .await
+            .map_err(Error::api::<MemberClusterAnnounce>(
+                "get",
+                Some(&namespace),
+                &name,
+            ))?;
         if found.is_some() {
             return Ok(Action::requeue(ANNOUNCE_SETTLE));
         }
@@ -123,21 +125,6 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
         ensure_lease(&ctx, s, &mc, lease.as_deref(), &policy).await?;
     }
 
-    let current = tether_api::conditions::find(previous, ConditionType::Ready);
-    // NB: a verdict on hold keeps what the member's condition says (or, for a member never
-    // judged, waits for its first heartbeat).
-    let (status, reason) = verdict.condition().unwrap_or_else(|| {
-        current
-            .and_then(|c| {
-                let status = [Status::True, Status::False, Status::Unknown]
-                    .into_iter()
-                    .find(|s| c.status == s.as_str())?;
-                Some((status, c.reason.parse().ok()?))
-            })
-            .unwrap_or((Status::Unknown, Reason::AwaitingHeartbeat))
-    });
-    let ready_changed =
-        current.map(|c| (c.status.as_str(), c.reason.as_str())) != Some((status.as_str(), reason.as_str()));
     // NB: before the agent's first report, the version it registered with: the first status
     // write then carries the verdict, and no second write follows the report.
     let agent_version = mc
@@ -149,138 +136,27 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
                 .get(tether_api::annotations::REGISTERED_AGENT_VERSION)
                 .map(String::as_str)
         });
-    let (skew_status, skew_reason, skew_message) =
-        crate::skew::judge(crate::skew::LEADER_VERSION, agent_version);
-    let skew_now = tether_api::conditions::find(previous, ConditionType::AgentVersionSupported);
-    let skew_changed = skew_now.map(|c| (c.status.as_str(), c.reason.as_str(), c.message.as_str()))
-        != Some((skew_status.as_str(), skew_reason.as_str(), skew_message.as_str()));
-    let tunnel_want = tunnel_condition(tunnel, &verdict, tunnel_now);
-    let tunnel_changed = tunnel_want.as_ref().is_some_and(|(s, r, _)| {
-        tunnel_now.map(|c| (c.status.as_str(), c.reason.as_str())) != Some((s.as_str(), r.as_str()))
-    });
-    let message = match (reason, current) {
-        (Reason::AwaitingHeartbeat, _) => "approved; waiting for the agent's first heartbeat".to_string(),
-        (Reason::HeartbeatExpired, _) => format!(
-            "no heartbeat for more than {}: check that the agent runs and reaches the leader",
-            if matches!(tunnel, Tunnel::Attached) {
-                humantime(timings.tunnel_grace)
-            } else {
-                policy.grace_period.to_string()
-            }
-        ),
-        (Reason::TunnelLost, _) => format!(
-            "the agent's tunnel closed or stopped answering pings, and within {} the agent neither \
-             attached it again nor renewed its heartbeat: check that the agent runs and reaches the leader",
-            humantime(timings.detection)
-        ),
-        (Reason::TunnelAlive, _) => "the agent's tunnel is attached and answers pings".to_string(),
-        (_, Some(c)) if !ready_changed => c.message.clone(),
-        _ => "heartbeats arrive".to_string(),
+    let grace_period = policy.grace_period.to_string();
+    let facts = Facts {
+        previous,
+        verdict,
+        tunnel,
+        timings,
+        grace_period: &grace_period,
+        agent_version,
+        leader_version: crate::skew::LEADER_VERSION,
     };
-    if ready_changed || skew_changed || tunnel_changed {
-        // NB: every condition the leader owns goes in every apply: the leader's field manager
-        // owns them, and an apply without one would remove it.
-        let now = Timestamp::now();
-        let mut conditions = vec![
-            condition(
-                previous,
-                ConditionType::Ready,
-                status,
-                reason,
-                message.clone(),
-                now,
-            ),
-            condition(
-                previous,
-                ConditionType::AgentVersionSupported,
-                skew_status,
-                skew_reason,
-                skew_message.clone(),
-                now,
-            ),
-        ];
-        match (&tunnel_want, tunnel_now) {
-            (Some((s, r, m)), _) => conditions.push(condition(
-                previous,
-                ConditionType::TunnelConnected,
-                *s,
-                *r,
-                m.clone(),
-                now,
-            )),
-            (None, Some(c)) => conditions.push(c.clone()),
-            (None, None) => {}
-        }
+    if let Some(change) = transition(&facts, Timestamp::now()) {
         // NB: the last heartbeat rides along with every Ready change (and the agent's periodic
         // report), so LAST HEARTBEAT is true at each transition without a write per heartbeat.
-        let last_heartbeat_time = renewed.map(|t| k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t.0));
         let patch = ManagedClusterStatus {
-            conditions,
-            last_heartbeat_time,
+            conditions: change.conditions.clone(),
+            last_heartbeat_time: renewed.map(|t| Time(t.0)),
             ..ManagedClusterStatus::default()
         };
         let api = Api::<ManagedCluster>::namespaced(ctx.client.clone(), &namespace);
         apply_status(&ctx, &api, &name, &patch).await?;
-    }
-    if skew_changed && skew_status == Status::False {
-        warn!(cluster = %name, cluster_id = %mc.spec.cluster_id, set = %mc.spec.cluster_set,
-              agent_version = agent_version.unwrap_or_default(), leader_version = crate::skew::LEADER_VERSION,
-              "Member's agent is outside the supported version skew");
-        event(
-            &ctx,
-            mc.as_ref(),
-            EventType::Warning,
-            EventReason::AgentVersionUnsupported,
-            "VersionSkew",
-            &skew_message,
-        )
-        .await;
-    }
-    if ready_changed {
-        let lost = |r: &str| r == Reason::HeartbeatExpired.as_str() || r == Reason::TunnelLost.as_str();
-        let was_lost = current.is_some_and(|c| lost(&c.reason));
-        let was_ready = current.is_some_and(|c| c.status == Status::True.as_str());
-        if lost(reason.as_str()) && !was_lost {
-            warn!(cluster = %name, cluster_id = %mc.spec.cluster_id, set = %mc.spec.cluster_set,
-                  reason = reason.as_str(), heartbeat_age_seconds = obs.age.as_secs(), "Member lost");
-            let action = if reason == Reason::TunnelLost {
-                "Tunnel"
-            } else {
-                "Heartbeat"
-            };
-            event(
-                &ctx,
-                mc.as_ref(),
-                EventType::Warning,
-                EventReason::MemberLost,
-                action,
-                &message,
-            )
-            .await;
-        } else if status == Status::True && was_lost {
-            info!(cluster = %name, cluster_id = %mc.spec.cluster_id, set = %mc.spec.cluster_set,
-                  reason = reason.as_str(), "Member recovered");
-            event(
-                &ctx,
-                mc.as_ref(),
-                EventType::Normal,
-                EventReason::MemberRecovered,
-                "Heartbeat",
-                &message,
-            )
-            .await;
-        } else if status == Status::True && !was_ready {
-            info!(cluster = %name, cluster_id = %mc.spec.cluster_id, set = %mc.spec.cluster_set, "Member ready");
-            event(
-                &ctx,
-                mc.as_ref(),
-                EventType::Normal,
-                EventReason::MemberReady,
-                "Heartbeat",
-                "first heartbeat received",
-            )
-            .await;
-        }
+        tell(&ctx, &mc, &change, agent_version, obs.age).await;
     }
     Ok(Action::requeue(recheck))
 }
@@ -294,39 +170,62 @@ fn latest<'a>(a: Option<&'a MicroTime>, b: Option<&'a MicroTime>) -> Option<&'a 
     }
 }
 
-/// What the TunnelConnected condition should say, if the leader knows better than what it says
-/// now: attached; closed for good (the verdict is no longer on hold); or, past the new term's
-/// grace, no tunnel at this replica although the condition still says connected.
-fn tunnel_condition(
-    tunnel: Tunnel,
-    verdict: &Verdict,
-    now: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
-) -> Option<(Status, Reason, String)> {
-    let says_connected = now.is_some_and(|c| c.status == Status::True.as_str());
-    match (tunnel, verdict) {
-        (Tunnel::Attached, _) => Some((
-            Status::True,
-            Reason::TunnelAttached,
-            "the agent's tunnel is attached to the active leader".to_string(),
-        )),
-        (_, Verdict::Hold { .. }) => None,
-        (Tunnel::Closed { .. }, _) => Some((
-            Status::False,
-            Reason::TunnelClosed,
-            "the agent's tunnel closed; it reconnects by itself".to_string(),
-        )),
-        (Tunnel::Unseen, _) if says_connected => Some((
-            Status::False,
-            Reason::NoTunnel,
-            "no tunnel reached the active leader".to_string(),
-        )),
-        (Tunnel::Unseen, _) => None,
+/// The log line and Event of a status change: the agent outside the skew; the member lost,
+/// recovered or ready for the first time.
+async fn tell(
+    ctx: &Context,
+    mc: &ManagedCluster,
+    change: &Transition,
+    agent_version: Option<&str>,
+    heartbeat_age: Duration,
+) {
+    let (name, id, set) = (mc.name_any(), &mc.spec.cluster_id, &mc.spec.cluster_set);
+    if let Some(message) = &change.unsupported {
+        warn!(cluster = %name, cluster_id = %id, %set, agent_version = agent_version.unwrap_or_default(),
+              leader_version = crate::skew::LEADER_VERSION, "Member's agent is outside the supported version skew");
+        event(
+            ctx,
+            mc,
+            EventType::Warning,
+            EventReason::AgentVersionUnsupported,
+            "VersionSkew",
+            message,
+        )
+        .await;
     }
-}
-
-/// `d` as a Go duration would print it (`15s`, `20m0s`).
-fn humantime(d: Duration) -> String {
-    kube::core::Duration::from(d).to_string()
+    let message = change.message.as_str();
+    let (kind, reason, action, message) = match change.notice {
+        None => return,
+        Some(Notice::Lost(reason)) => {
+            warn!(cluster = %name, cluster_id = %id, %set, reason = reason.as_str(),
+                  heartbeat_age_seconds = heartbeat_age.as_secs(), "Member lost");
+            let action = if reason == Reason::TunnelLost {
+                "Tunnel"
+            } else {
+                "Heartbeat"
+            };
+            (EventType::Warning, EventReason::MemberLost, action, message)
+        }
+        Some(Notice::Recovered) => {
+            info!(cluster = %name, cluster_id = %id, %set, "Member recovered");
+            (
+                EventType::Normal,
+                EventReason::MemberRecovered,
+                "Heartbeat",
+                message,
+            )
+        }
+        Some(Notice::Ready) => {
+            info!(cluster = %name, cluster_id = %id, %set, "Member ready");
+            (
+                EventType::Normal,
+                EventReason::MemberReady,
+                "Heartbeat",
+                "first heartbeat received",
+            )
+        }
+    };
+    event(ctx, mc, kind, reason, action, message).await;
 }
 
 /// Makes sure member `mc` has its heartbeat Lease, telling its agent the set's intervals: a

@@ -20,7 +20,7 @@ struct ResultLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabel {
-    error: &'static str,
+    error: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -221,8 +221,12 @@ impl Metrics {
     }
 
     /// Counts a failed reconcile.
-    pub fn reconcile_error(&self, error: &'static str) {
-        self.errors.get_or_create(&ErrorLabel { error }).inc();
+    pub fn reconcile_error(&self, error: &str) {
+        self.errors
+            .get_or_create(&ErrorLabel {
+                error: error.to_string(),
+            })
+            .inc();
     }
 
     /// One series of every family, labelled as the leader labels it: what docs/metrics.md is
@@ -230,7 +234,7 @@ impl Metrics {
     pub fn documented() -> Self {
         let m = Self::default();
         m.registrations("Approved");
-        m.reconcile_error("apply");
+        m.reconcile_error("apply/Role");
         drop(m.reconcile_timer("member"));
         m.set_members("tether-system/prod", &MemberCounts::default());
         m.member_removed("Left");

@@ -9,9 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
@@ -20,17 +18,16 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tether_api::conditions::{ConditionType, EventReason, Reason, find};
 use tether_api::registration::{RegistrationReason, RegistrationResult, SealedCredential};
-use tether_api::{
-    ClusterRegistrationRequest, ClusterSet, ManagedCluster, MemberClusterAnnounce, RegistrationStatus, SetRef,
-};
+use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, RegistrationStatus, SetRef};
 use tether_seal::MemberCredential;
 use tracing::{info, warn};
 
+use crate::approval::{Plan, plan_approval};
 use crate::cleanup::{Removal, remove_member};
 use crate::clusterset::set_in;
 use crate::naming::{AGENT_SERVICE_ACCOUNT, member_namespace};
 use crate::policy::{Decision, Member, decide};
-use crate::provision::{is_members_namespace, member_objects};
+use crate::provision::{MemberObjects, member_objects};
 use crate::write::{apply, apply_status, delete, event};
 use crate::{Context, Error};
 
@@ -181,6 +178,7 @@ fn namespace_for(ctx: &Context, set: &SetRef, name: &str) -> (String, Option<Arc
     }
 }
 
+/// Executes the approval plan (approval.rs) for `req`: replace, wait, deny, or provision.
 async fn approve(
     req: &ClusterRegistrationRequest,
     set: &ClusterSet,
@@ -188,78 +186,80 @@ async fn approve(
     ctx: &Context,
 ) -> Result<Action, Error> {
     let set_ref = SetRef::of(set);
-    let name = req.spec.cluster_name.clone();
-    let (namespace, existing) = namespace_for(ctx, &set_ref, &name);
-    // A dead member with this name but another ID is replaced: its namespace goes first, since
-    // the ManagedCluster's ID is immutable and its old credential must die. The same cluster with
-    // a new key (it lost its local state) keeps its namespace and everything in it; only its
-    // ServiceAccount is recreated, which revokes every token issued for the old key.
-    let mut rejoin = rejoin;
-    if let Some(old) = existing {
-        let key = old.annotations().get(tether_api::annotations::PUBLIC_KEY);
-        if old.meta().deletion_timestamp.is_some() {
-            return Ok(Action::requeue(REPLACE_RETRY));
-        }
-        if old.spec.cluster_id != req.spec.cluster_id {
-            info!(cluster = %name, old_id = %old.spec.cluster_id, new_id = %req.spec.cluster_id,
-                  "Replacing an expired member with the same name");
-            remove_member(ctx, None, &old, Removal::Expired).await?;
-            return Ok(Action::requeue(REPLACE_RETRY));
-        }
-        if key != Some(&req.spec.public_key) {
-            info!(cluster = %name, cluster_id = %req.spec.cluster_id, %namespace,
-                  "The member registers again with a new key; revoking the old key's credential");
-            // NB: bound tokens carry the ServiceAccount's UID: deleting it revokes them all;
-            // the approval below recreates it.
-            let accounts = Api::<ServiceAccount>::namespaced(ctx.client.clone(), &namespace);
-            delete(ctx, &accounts, AGENT_SERVICE_ACCOUNT).await?;
-            rejoin = true;
-        }
-    }
-    // The leader adopts no namespace it did not create for this very member.
-    let namespaces = Api::<Namespace>::all(ctx.client.clone());
-    let found = namespaces
+    let name = &req.spec.cluster_name;
+    let (namespace, existing) = namespace_for(ctx, &set_ref, name);
+    let found = Api::<Namespace>::all(ctx.client.clone())
         .get_opt(&namespace)
         .await
-        .map_err(|source| Error::Api {
-            op: "get member namespace",
-            name: namespace.clone(),
-            source,
-        })?;
-    match found {
-        Some(ns) if ns.metadata.deletion_timestamp.is_some() => return Ok(Action::requeue(REPLACE_RETRY)),
-        Some(ns) if !is_members_namespace(&ns, &set_ref, &name) => {
-            let message = format!(
-                "namespace {namespace} already exists and was not created by Tether for member {name} of \
-                 ClusterSet {set_ref}; the leader does not take over namespaces: remove or rename it, or \
-                 register under another cluster name"
-            );
-            return deny(ctx, req, RegistrationReason::NamespaceConflict, &message).await;
+        .map_err(Error::api::<Namespace>("get", None, &namespace))?;
+    match plan_approval(
+        req,
+        &set_ref,
+        &namespace,
+        existing.as_deref(),
+        found.as_ref(),
+        rejoin,
+    ) {
+        Plan::Requeue => Ok(Action::requeue(REPLACE_RETRY)),
+        Plan::Replace { old_id } => {
+            let old = existing.ok_or(Error::Invariant("a replacement without a member"))?;
+            info!(cluster = %name, %old_id, new_id = %req.spec.cluster_id,
+                  "Replacing an expired member with the same name");
+            remove_member(ctx, None, &old, Removal::Expired).await?;
+            Ok(Action::requeue(REPLACE_RETRY))
         }
-        _ => {}
+        Plan::Deny { reason, message } => deny(ctx, req, reason, &message).await,
+        Plan::Provision { revoke_key, rejoin } => {
+            if revoke_key {
+                info!(cluster = %name, cluster_id = %req.spec.cluster_id, %namespace,
+                      "The member registers again with a new key; revoking the old key's credential");
+                // NB: bound tokens carry the ServiceAccount's UID: deleting it revokes them all;
+                // provisioning recreates it.
+                let accounts = Api::<ServiceAccount>::namespaced(ctx.client.clone(), &namespace);
+                delete(ctx, &accounts, AGENT_SERVICE_ACCOUNT).await?;
+            }
+            let policy = set.spec.leader.clone().unwrap_or_default();
+            let objs = member_objects(req, &set_ref, &namespace, &policy);
+            let (credential, expiry) = provision(ctx, &objs, policy.credential_lifetime()).await?;
+            let message = if rejoin {
+                format!("re-registered; namespace {namespace}")
+            } else {
+                format!("joined ClusterSet {}; namespace {namespace}", set_ref.name)
+            };
+            grant(ctx, req, &namespace, &credential, expiry, &message).await?;
+            info!(cluster = %name, cluster_id = %req.spec.cluster_id, set = %set_ref, %namespace, rejoin,
+                  "Approved registration");
+            Ok(Action::await_change())
+        }
     }
-    let policy = set.spec.leader.clone().unwrap_or_default();
-    let ttl = policy.credential_lifetime();
-    let objs = member_objects(req, &set_ref, &namespace, &policy);
+}
 
-    let client = ctx.client.clone();
-    // Three round trips instead of nine: the namespace; the ServiceAccount, Role, announce and
-    // Lease; then what needs them (RoleBinding, ManagedCluster, token).
-    apply(ctx, &namespaces, &objs.namespace).await?;
-    let (sa_api, role_api, binding_api, announce_api, clusters_api) = (
-        Api::<ServiceAccount>::namespaced(client.clone(), &namespace),
-        Api::<Role>::namespaced(client.clone(), &namespace),
-        Api::<RoleBinding>::namespaced(client.clone(), &namespace),
-        Api::<MemberClusterAnnounce>::namespaced(client.clone(), &namespace),
-        Api::<ManagedCluster>::namespaced(client, &namespace),
+/// Applies a member's objects and mints its credential, valid for `ttl`. Three round trips
+/// instead of nine: the namespace; the ServiceAccount, Role, announce and Lease; then what needs
+/// them (RoleBinding, ManagedCluster, token).
+async fn provision(
+    ctx: &Context,
+    objs: &MemberObjects,
+    ttl: Duration,
+) -> Result<(MemberCredential, Time), Error> {
+    let namespace = objs.namespace.name_any();
+    let client = || ctx.client.clone();
+    let (namespaces, accounts, roles, bindings, announces, leases, clusters) = (
+        Api::<Namespace>::all(client()),
+        Api::namespaced(client(), &namespace),
+        Api::namespaced(client(), &namespace),
+        Api::namespaced(client(), &namespace),
+        Api::namespaced(client(), &namespace),
+        Api::namespaced(client(), &namespace),
+        Api::namespaced(client(), &namespace),
     );
+    apply(ctx, &namespaces, &objs.namespace).await?;
     // NB: the announce before the ManagedCluster: a member without one counts as having left.
-    let lease_api = Api::<Lease>::namespaced(ctx.client.clone(), &namespace);
     let (sa, role, announce, lease) = futures::join!(
-        apply(ctx, &sa_api, &objs.service_account),
-        apply(ctx, &role_api, &objs.role),
-        apply(ctx, &announce_api, &objs.announce),
-        apply(ctx, &lease_api, &objs.lease),
+        apply(ctx, &accounts, &objs.service_account),
+        apply(ctx, &roles, &objs.role),
+        apply(ctx, &announces, &objs.announce),
+        apply(ctx, &leases, &objs.lease),
     );
     sa?;
     role?;
@@ -268,24 +268,31 @@ async fn approve(
     ctx.ensure_leader()?;
     // NB: the RoleBinding after the Role: the API server resolves the Role to check escalation.
     let (binding, cluster, credential) = futures::join!(
-        apply(ctx, &binding_api, &objs.role_binding),
-        apply(ctx, &clusters_api, &objs.managed_cluster),
+        apply(ctx, &bindings, &objs.role_binding),
+        apply(ctx, &clusters, &objs.managed_cluster),
         mint_credential(ctx, &namespace, ttl),
     );
     binding?;
     cluster?;
-    let (credential, expiry) = credential?;
-    let sealed = tether_seal::seal(&credential, &req.spec.public_key)?;
-    let message = if rejoin {
-        format!("re-registered; namespace {namespace}")
-    } else {
-        format!("joined ClusterSet {}; namespace {namespace}", set_ref.name)
-    };
+    credential
+}
+
+/// Seals `credential` to the request's key and records the approval in the request's status,
+/// with an Event.
+async fn grant(
+    ctx: &Context,
+    req: &ClusterRegistrationRequest,
+    namespace: &str,
+    credential: &MemberCredential,
+    expiry: Time,
+    message: &str,
+) -> Result<(), Error> {
+    let sealed = tether_seal::seal(credential, &req.spec.public_key)?;
     let status = RegistrationStatus {
         result: RegistrationResult::Approved,
         reason: RegistrationReason::Approved,
-        message: Some(message.clone()),
-        namespace: Some(namespace.clone()),
+        message: Some(message.to_string()),
+        namespace: Some(namespace.to_string()),
         credential: Some(SealedCredential {
             sealed,
             expiration_time: Some(expiry),
@@ -293,18 +300,17 @@ async fn approve(
         ..RegistrationStatus::default()
     };
     apply_status(ctx, &requests_api(ctx, req), &req.name_any(), &status).await?;
-    info!(cluster = %name, cluster_id = %req.spec.cluster_id, set = %set_ref, %namespace, rejoin, "Approved registration");
     event(
         ctx,
         req,
         EventType::Normal,
         EventReason::RegistrationApproved,
         "Register",
-        &message,
+        message,
     )
     .await;
     ctx.metrics.registrations("Approved");
-    Ok(Action::await_change())
+    Ok(())
 }
 
 /// A new credential of member namespace `namespace`'s agent ServiceAccount, valid for `ttl`,
@@ -324,11 +330,11 @@ pub(crate) async fn mint_credential(
     let token = Api::<ServiceAccount>::namespaced(ctx.client.clone(), namespace)
         .create_token_request(AGENT_SERVICE_ACCOUNT, &PostParams::default(), &request)
         .await
-        .map_err(|source| Error::Api {
-            op: "mint member token",
-            name: namespace.to_string(),
-            source,
-        })?;
+        .map_err(Error::api::<TokenRequest>(
+            "create",
+            Some(namespace),
+            AGENT_SERVICE_ACCOUNT,
+        ))?;
     let status = token
         .status
         .ok_or(Error::Invariant("TokenRequest answered without a token"))?;

@@ -35,11 +35,10 @@ pub async fn refresh(ctx: &Context) -> Result<usize, Error> {
         .limit(PAGE);
     let mut updated = 0;
     loop {
-        let page = api.list(&params).await.map_err(|source| Error::Api {
-            op: "list agent Roles",
-            name: AGENT_ROLE.into(),
-            source,
-        })?;
+        let page = api
+            .list(&params)
+            .await
+            .map_err(Error::api::<Role>("list", None, AGENT_ROLE))?;
         for role in &page.items {
             let Some(want) = outdated_agent_role(role) else {
                 continue;

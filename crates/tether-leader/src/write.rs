@@ -14,16 +14,18 @@ use tether_api::conditions::EventReason;
 use crate::provision::FIELD_MANAGER;
 use crate::{Context, Error};
 
-fn api_error(op: &'static str, name: &str) -> impl FnOnce(kube::Error) -> Error {
-    let name = name.to_string();
-    move |source| Error::Api { op, name, source }
+/// `namespace/name`, or `name` of a cluster-scoped object: how errors name an object.
+pub fn object_name(namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_string(),
+    }
 }
 
 /// Server-side applies an object the leader owns.
 pub async fn apply<K>(ctx: &Context, api: &Api<K>, obj: &K) -> Result<(), Error>
 where
-    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
-    K::DynamicType: Default,
+    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
     ctx.ensure_leader()?;
     let name = obj.meta().name.clone().unwrap_or_default();
@@ -33,7 +35,7 @@ where
         &Patch::Apply(obj),
     )
     .await
-    .map_err(api_error("apply member object", &name))?;
+    .map_err(Error::api::<K>("apply", api.namespace(), &name))?;
     Ok(())
 }
 
@@ -52,31 +54,27 @@ where
         &tether_api::status_apply::<K, _>(status),
     )
     .await
-    .map_err(api_error("patch status", name))?;
+    .map_err(Error::api::<K>("patch status", api.namespace(), name))?;
     Ok(())
 }
 
 /// Deletes an object; one that is already gone is not an error.
 pub async fn delete<K>(ctx: &Context, api: &Api<K>, name: &str) -> Result<(), Error>
 where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
     ctx.ensure_leader()?;
     match api.delete(name, &DeleteParams::background()).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(source) => Err(Error::Api {
-            op: "delete",
-            name: name.to_string(),
-            source,
-        }),
+        Err(source) => Err(Error::api::<K>("delete", api.namespace(), name)(source)),
     }
 }
 
 /// Deletes every object of `api` carrying `selector`.
 pub async fn delete_labelled<K>(ctx: &Context, api: &Api<K>, selector: &str) -> Result<(), Error>
 where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
     ctx.ensure_leader()?;
     api.delete_collection(
@@ -84,7 +82,7 @@ where
         &ListParams::default().labels(selector),
     )
     .await
-    .map_err(api_error("delete collection", selector))?;
+    .map_err(Error::api::<K>("delete collection", api.namespace(), selector))?;
     Ok(())
 }
 

@@ -180,7 +180,7 @@ pub async fn run(
                                 let wait = queue.failed(&m);
                                 warn!(member = %m.1, namespace = %m.0, error = %e, retry_seconds = wait.as_secs(),
                                       "Cannot publish the member's ClusterProfile; retrying");
-                                ctx.metrics.reconcile_error(e.label());
+                                ctx.metrics.reconcile_error(&e.label());
                                 tokio::spawn(async move {
                                     tokio::time::sleep(wait).await;
                                     queue.push(m);
