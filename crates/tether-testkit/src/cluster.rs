@@ -7,14 +7,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as B64;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
+use crate::args::{ApiServer, Layout, Ports, apiserver_args, etcd_args, kcm_args, scheduler_args};
+use crate::kubeconfig::{admin_kubeconfig, client_kubeconfig, kube_config};
 use crate::lab;
 use crate::node::{Node, NodeSpec};
+
+pub use crate::args::FRONT_PROXY_CLIENT;
 use crate::pki::Pki;
 use crate::process::{self, Proc};
 use crate::tools::Tools;
@@ -200,127 +202,47 @@ impl TestCluster {
                     .into(),
             ));
         }
-        let (etcd_client, etcd_peer, api_port) = (free_port()?, free_port()?, free_port()?);
-        let host = if opts.nodes > 0 {
-            lab::GATEWAY.to_string()
-        } else {
-            "127.0.0.1".to_string()
+        let ports = Ports {
+            etcd_client: free_port()?,
+            etcd_peer: free_port()?,
+            api: free_port()?,
         };
-        let url = format!("https://{host}:{api_port}");
+        let lab_address = (opts.nodes > 0).then_some(lab::GATEWAY);
+        let host = lab_address.map_or_else(|| "127.0.0.1".to_string(), |a| a.to_string());
+        let url = format!("https://{host}:{}", ports.api);
         let kubeconfig = d.join("kubeconfig");
         write(&kubeconfig, &admin_kubeconfig(&opts.name, &url, &pki))?;
-
+        let files = Layout::new(&d);
         let mut procs = Vec::new();
         let mut etcd = Command::new(tools.path("etcd"));
-        etcd.args(["--name", &opts.name, "--log-level", "warn", "--unsafe-no-fsync"])
-            .arg(format!("--data-dir={}", d.join("etcd").display()))
-            .arg(format!("--listen-client-urls=http://127.0.0.1:{etcd_client}"))
-            .arg(format!("--advertise-client-urls=http://127.0.0.1:{etcd_client}"))
-            .arg(format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"))
-            .arg(format!(
-                "--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"
-            ))
-            .arg(format!(
-                "--initial-cluster={}=http://127.0.0.1:{etcd_peer}",
-                opts.name
-            ));
+        etcd.args(etcd_args(&opts.name, &files, ports));
         procs.push(Proc::spawn("etcd", etcd, &d)?);
 
-        let mut api = Command::new(tools.path("kube-apiserver"));
-        api.arg(format!("--etcd-servers=http://127.0.0.1:{etcd_client}"))
-            .arg(format!("--secure-port={api_port}"))
-            .arg(format!("--cert-dir={}", d.join("certs").display()))
-            .arg(format!("--tls-cert-file={}", d.join("serving.crt").display()))
-            .arg(format!(
-                "--tls-private-key-file={}",
-                d.join("serving.key").display()
-            ))
-            .arg(format!("--client-ca-file={}", d.join("ca.crt").display()))
-            .args([
-                "--authorization-mode=Node,RBAC",
-                &format!("--enable-bootstrap-token-auth={}", opts.bootstrap_tokens),
-            ])
-            .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
-            .arg(format!(
-                "--service-account-key-file={}",
-                d.join("sa.pub").display()
-            ))
-            .arg(format!(
-                "--service-account-signing-key-file={}",
-                d.join("sa.key").display()
-            ))
-            .arg("--service-cluster-ip-range=10.0.0.0/24")
-            .arg("--allow-privileged=true")
-            // NB: `/debug/pprof` for a benchmark's profile (TETHER_TESTKIT_PROFILING=1); off otherwise.
-            .arg(format!(
-                "--profiling={}",
-                std::env::var_os("TETHER_TESTKIT_PROFILING").is_some_and(|v| v == "1")
-            ))
-            .arg(format!("--v={}", opts.verbosity));
-        // The aggregation layer, as kubeadm sets it up: a front-proxy CA of its own, and routing
-        // to an APIService's endpoints (no kube-proxy runs beside these API servers).
         let front = Pki::generate(&format!("{}-front-proxy", opts.name))?;
         let (fp_cert, fp_key) = front.client_cert(FRONT_PROXY_CLIENT, None)?;
         write(&d.join("front-proxy-ca.crt"), &front.ca_cert)?;
         write(&d.join("front-proxy-client.crt"), &fp_cert)?;
         write(&d.join("front-proxy-client.key"), &fp_key)?;
-        api.arg(format!(
-            "--requestheader-client-ca-file={}",
-            d.join("front-proxy-ca.crt").display()
-        ))
-        .arg(format!("--requestheader-allowed-names={FRONT_PROXY_CLIENT}"))
-        .args([
-            "--requestheader-username-headers=X-Remote-User",
-            "--requestheader-group-headers=X-Remote-Group",
-            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-            "--enable-aggregator-routing=true",
-        ])
-        .arg(format!(
-            "--proxy-client-cert-file={}",
-            d.join("front-proxy-client.crt").display()
-        ))
-        .arg(format!(
-            "--proxy-client-key-file={}",
-            d.join("front-proxy-client.key").display()
-        ));
-        if let Some(t) = opts.request_timeout {
-            api.arg(format!("--request-timeout={}s", t.as_secs().max(1)));
-        }
-        if opts.nodes > 0 {
-            // Pods reach the API server as the `kubernetes` Service, whose endpoint is the
-            // advertised lab address; kubectl logs/exec reach kubelets with a client certificate.
+        if lab_address.is_some() {
             let (cert, key) = pki.client_cert("kube-apiserver-kubelet-client", Some("system:masters"))?;
             write(&d.join("kubelet-client.crt"), &cert)?;
             write(&d.join("kubelet-client.key"), &key)?;
-            api.args([
-                "--bind-address=0.0.0.0",
-                &format!("--advertise-address={}", lab::GATEWAY),
-            ])
-            .arg("--endpoint-reconciler-type=lease")
-            .arg(format!(
-                "--kubelet-client-certificate={}",
-                d.join("kubelet-client.crt").display()
-            ))
-            .arg(format!(
-                "--kubelet-client-key={}",
-                d.join("kubelet-client.key").display()
-            ))
-            .arg("--kubelet-preferred-address-types=InternalIP");
-        } else {
-            api.args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
-                .arg("--endpoint-reconciler-type=none");
-        }
-        if !opts.controller_manager {
-            api.arg("--disable-admission-plugins=ServiceAccount");
         }
         if opts.audit_log {
             write(&d.join("audit-policy.yaml"), AUDIT_POLICY)?;
-            api.arg(format!(
-                "--audit-policy-file={}",
-                d.join("audit-policy.yaml").display()
-            ))
-            .arg(format!("--audit-log-path={}", d.join("audit.log").display()));
         }
+        let asked = ApiServer {
+            bootstrap_tokens: opts.bootstrap_tokens,
+            verbosity: opts.verbosity,
+            request_timeout: opts.request_timeout,
+            lab: lab_address,
+            controllers: opts.controller_manager,
+            audit_log: opts.audit_log,
+            // NB: `/debug/pprof` for a benchmark's profile (TETHER_TESTKIT_PROFILING=1).
+            profiling: std::env::var_os("TETHER_TESTKIT_PROFILING").is_some_and(|v| v == "1"),
+        };
+        let mut api = Command::new(tools.path("kube-apiserver"));
+        api.args(apiserver_args(&files, ports, &asked));
         let api_command = (
             api.get_program().to_os_string(),
             api.get_args().map(|a| a.to_os_string()).collect(),
@@ -345,15 +267,7 @@ impl TestCluster {
 
         if opts.controller_manager {
             let mut kcm = Command::new(tools.path("kube-controller-manager"));
-            kcm.arg(format!("--kubeconfig={}", cluster.kubeconfig.display()))
-                .args(["--leader-elect=false", "--use-service-account-credentials=true"])
-                .arg(format!(
-                    "--service-account-private-key-file={}",
-                    d.join("sa.key").display()
-                ))
-                .arg(format!("--root-ca-file={}", d.join("ca.crt").display()))
-                .arg("--controllers=*,bootstrap-signer-controller,token-cleaner-controller")
-                .args(["--secure-port=0", "--v=1"]);
+            kcm.args(kcm_args(&files));
             cluster
                 .procs
                 .push(Proc::spawn("kube-controller-manager", kcm, &d)?);
@@ -386,9 +300,7 @@ impl TestCluster {
         }
         crate::node::image_archives()?;
         let mut scheduler = Command::new(tools.path("kube-scheduler"));
-        scheduler
-            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
-            .args(["--leader-elect=false", "--secure-port=0", "--v=1"]);
+        scheduler.args(scheduler_args(&Layout::new(&d)));
         self.procs.push(Proc::spawn("kube-scheduler", scheduler, &d)?);
         for i in 0..opts.nodes {
             let name = format!("{}-node-{i}", self.name);
@@ -776,44 +688,8 @@ impl Drop for TestCluster {
     }
 }
 
-/// The common name of the API server's front-proxy client certificate.
-pub const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
-
 const AUDIT_POLICY: &str =
     "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n";
-
-fn admin_kubeconfig(name: &str, url: &str, pki: &Pki) -> String {
-    client_kubeconfig(
-        name,
-        url,
-        &pki.ca_cert,
-        &(pki.admin_cert.clone(), pki.admin_key.clone()),
-    )
-}
-
-/// A kubeconfig for `url` that authenticates with a client certificate and key (PEM).
-pub(crate) fn client_kubeconfig(
-    name: &str,
-    url: &str,
-    ca_pem: &str,
-    (cert, key): &(String, String),
-) -> String {
-    let ca = B64.encode(ca_pem);
-    let cert = B64.encode(cert);
-    let key = B64.encode(key);
-    format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: {name}\n  cluster:\n    server: {url}\n    certificate-authority-data: {ca}\n\
-         users:\n- name: {name}-admin\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\n\
-         contexts:\n- name: {name}\n  context:\n    cluster: {name}\n    user: {name}-admin\ncurrent-context: {name}\n"
-    )
-}
-
-async fn kube_config(path: &Path) -> Result<Config, Error> {
-    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| Error::Kubeconfig(e.to_string()))?;
-    Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| Error::Kubeconfig(e.to_string()))
-}
 
 fn write(path: &Path, contents: &str) -> Result<(), Error> {
     std::fs::write(path, contents).map_err(|source| Error::Io {

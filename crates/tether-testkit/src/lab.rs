@@ -19,6 +19,8 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use crate::Error;
 
+/// Where Debian's containernetworking-plugins are.
+pub const CNI_BIN_DIR: &str = "/usr/lib/cni";
 /// The lab bridge.
 pub const BRIDGE: &str = "tlab0";
 /// The bridge's address: where nodes and pods reach every API server of the run.
@@ -103,8 +105,8 @@ pub fn preflight() -> Result<(), Error> {
         }
     }
     for plugin in ["bridge", "host-local", "loopback", "portmap"] {
-        if !Path::new(crate::node::CNI_BIN_DIR).join(plugin).is_file() {
-            missing.push(format!("{}/{plugin}", crate::node::CNI_BIN_DIR));
+        if !Path::new(CNI_BIN_DIR).join(plugin).is_file() {
+            missing.push(format!("{}/{plugin}", CNI_BIN_DIR));
         }
     }
     if missing.is_empty() {

@@ -2,8 +2,11 @@
 //! `make tools` installs, plus helpers that tests share (CRD install, bootstrap tokens, polling
 //! with a deadline). Used as a dev-dependency only.
 
+pub mod args;
+mod cgroup;
 pub mod cluster;
 pub mod controller;
+mod kubeconfig;
 pub mod lab;
 pub mod node;
 pub mod pki;

@@ -144,7 +144,7 @@ pub fn reap_strays(root: &Path) {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         // Nodes first: their processes (pods included) are found through their cgroups.
-        crate::node::reap_cgroups(root, owner_alive);
+        crate::cgroup::reap_cgroups(root, owner_alive);
         let Ok(entries) = fs::read_dir(root) else { return };
         for dir in entries
             .filter_map(Result::ok)
