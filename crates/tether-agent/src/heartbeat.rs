@@ -13,8 +13,6 @@
 //! back from each renewal. Under a leader from before heartbeat Leases (no Lease, or no right to
 //! it) the agent renews its announce as before, and tries the Lease again every `LEASE_RETRY`.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -30,13 +28,9 @@ use tether_join::settle::Settle;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::loops::rejected;
-use crate::session::{Shared, update};
-use crate::view::time;
-use crate::{Error, FIELD_MANAGER};
-
-/// The heartbeat time in the member status is refreshed at most this often.
-const HEARTBEAT_STATUS_EVERY: Duration = Duration::from_secs(60);
+use crate::link::{DEFAULT_PING, Link};
+use crate::status::StatusSink;
+use crate::{Error, FIELD_MANAGER, Metrics};
 /// After losing its tunnel, the agent waits this many short intervals before renewing.
 const DETACHED_WAIT: u32 = 3;
 /// Under a leader without heartbeat Leases, how often the agent tries its Lease again.
@@ -59,7 +53,7 @@ impl Default for Intervals {
         Self {
             alone: Duration::from_secs(10),
             tunneled: Duration::from_secs(300),
-            ping: Duration::from_secs(5),
+            ping: DEFAULT_PING,
         }
     }
 }
@@ -89,45 +83,6 @@ impl Intervals {
         } else {
             self.alone
         }
-    }
-}
-
-/// What the tunnel and the heartbeat tell each other: whether the tunnel is attached, and the
-/// ping interval the leader asks for.
-#[derive(Debug)]
-pub struct Link {
-    attached: watch::Sender<bool>,
-    ping_millis: AtomicU64,
-}
-
-impl Default for Link {
-    fn default() -> Self {
-        Self {
-            attached: watch::Sender::new(false),
-            ping_millis: AtomicU64::new(Intervals::default().ping.as_millis() as u64),
-        }
-    }
-}
-
-impl Link {
-    /// The tunnel attached (`true`) or was lost.
-    pub fn set_attached(&self, attached: bool) {
-        self.attached
-            .send_if_modified(|a| std::mem::replace(a, attached) != attached);
-    }
-
-    /// Whether the tunnel is attached now, and a receiver of changes.
-    pub fn attached(&self) -> watch::Receiver<bool> {
-        self.attached.subscribe()
-    }
-
-    /// How often to ping the tunnel.
-    pub fn ping(&self) -> Duration {
-        Duration::from_millis(self.ping_millis.load(Ordering::Relaxed))
-    }
-
-    fn set_ping(&self, ping: Duration) {
-        self.ping_millis.store(ping.as_millis() as u64, Ordering::Relaxed);
     }
 }
 
@@ -185,7 +140,8 @@ enum Target {
 
 /// Renews the member's heartbeat until the credential is rejected.
 pub(crate) async fn run(
-    sh: &Arc<Shared>,
+    metrics: &Metrics,
+    sink: &StatusSink,
     client: watch::Receiver<Client>,
     link: &Link,
     ns: &str,
@@ -236,22 +192,10 @@ pub(crate) async fn run(
         match result {
             Ok(next) => {
                 forbidden.clear();
-                sh.ctx.metrics.heartbeat(true);
-                *sh.last_beat.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
+                metrics.heartbeat(true);
                 failures = 0;
                 intervals = next;
                 link.set_ping(intervals.ping);
-                let publish_time = {
-                    let mut last = sh
-                        .last_heartbeat_published
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner());
-                    let due = last.is_none_or(|t| t.elapsed() >= HEARTBEAT_STATUS_EVERY);
-                    if due {
-                        *last = Some(Instant::now());
-                    }
-                    due
-                };
                 let how = match (target, *attached.borrow()) {
                     (Target::Announce { .. }, _) => {
                         format!("announce renewed every {}s", intervals.alone.as_secs())
@@ -264,30 +208,22 @@ pub(crate) async fn run(
                         format!("heartbeat Lease renewed every {}s", intervals.alone.as_secs())
                     }
                 };
-                update(sh, |v| {
-                    v.reachable = Some((true, Reason::HeartbeatOK, how));
-                    if publish_time {
-                        v.membership.last_heartbeat_time = Some(time(now));
-                    }
-                })
-                .await;
+                sink.beat(now, how);
             }
             Err(e) => {
                 let settling = forbidden.tolerate(&e);
-                let err = rejected("heartbeat", e);
+                let err = Error::rejected("heartbeat", e);
                 if matches!(err, Error::CredentialRejected(_)) && !settling {
                     return Err(err);
                 }
-                sh.ctx.metrics.heartbeat(false);
+                metrics.heartbeat(false);
                 failures += 1;
                 warn!(
                     error = &err as &dyn std::error::Error,
                     failures, "Heartbeat failed; retrying"
                 );
-                update(sh, |v| {
-                    v.reachable = Some((false, Reason::LeaderUnreachable, err.to_string()))
-                })
-                .await;
+                let why = err.to_string();
+                sink.update(move |v| v.reachable = Some((false, Reason::LeaderUnreachable, why)));
                 let backoff = Duration::from_secs(1 << failures.min(6))
                     .min(intervals.alone.max(Duration::from_secs(1)));
                 tokio::time::sleep(backoff).await;
@@ -376,5 +312,101 @@ mod tests {
             waited >= Duration::from_secs(87) && waited <= Duration::from_secs(93),
             "{waited:?}"
         );
+    }
+
+    use crate::testing::{self, count, failure};
+    use serde_json::json;
+    use tether_api::conditions::ConditionType;
+
+    const LEASE: &str = "PATCH /apis/coordination.k8s.io/v1/namespaces/ns/leases/east";
+    const ANNOUNCE: &str =
+        "PATCH /apis/multicluster.tether.dev/v1alpha1/namespaces/ns/memberclusterannounces/east";
+
+    fn renewed_lease() -> (u16, serde_json::Value) {
+        (
+            200,
+            json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                   "metadata": {"name": "east", "namespace": "ns",
+                                "annotations": {annotations::HEARTBEAT_INTERVAL: "10"}},
+                   "spec": {}}),
+        )
+    }
+
+    fn renewed_announce(interval: i32) -> (u16, serde_json::Value) {
+        (
+            200,
+            json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "MemberClusterAnnounce",
+                   "metadata": {"name": "east", "namespace": "ns"},
+                   "spec": {"clusterID": "id-1", "heartbeatIntervalSeconds": interval}}),
+        )
+    }
+
+    /// Runs the heartbeat against `leader` for `secs` of (paused) time; its result if it ended.
+    async fn beat_for(leader: kube::Client, secs: u64, sink: &StatusSink) -> Option<Result<(), Error>> {
+        let (_tx, rx) = watch::channel(leader);
+        let link = Link::default();
+        let metrics = Metrics::default();
+        tokio::time::timeout(
+            Duration::from_secs(secs),
+            run(&metrics, sink, rx, &link, "ns", "east"),
+        )
+        .await
+        .ok()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_leader_is_retried_with_backoff_and_shown_unreachable_until_it_answers() {
+        let (leader, calls) = testing::client(|_, _, n| if n < 2 { failure(500) } else { renewed_lease() });
+        let (sink, owner, writes) = testing::sink(false);
+        // Fails at 0 s and 2 s (backoff 2 s, then 4 s), renews at 6 s, next at 15–17 s.
+        assert!(beat_for(leader, 14, &sink).await.is_none(), "still beating");
+        assert_eq!(count(&calls, LEASE), 3);
+        drop(sink);
+        owner.await.expect("owner");
+        assert_eq!(
+            testing::reasons(&writes, ConditionType::LeaderReachable),
+            ["LeaderUnreachable", "HeartbeatOK"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_is_taken_for_rbac_settling_for_30_s_then_ends_the_session() {
+        // 403 on the Lease and on the announce: a cold RBAC cache, or a revoked identity.
+        let (leader, calls) = testing::client(|_, _, _| failure(403));
+        let (sink, _owner, _) = testing::sink(false);
+        let start = tokio::time::Instant::now();
+        let ended = beat_for(leader, 120, &sink).await.expect("ended");
+        assert!(matches!(ended, Err(Error::CredentialRejected(_))), "{ended:?}");
+        let after = start.elapsed();
+        assert!(
+            after >= Duration::from_secs(30) && after < Duration::from_secs(45),
+            "{after:?}"
+        );
+        assert!(count(&calls, LEASE) >= 4, "retried meanwhile");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unauthorized_credential_ends_the_session_at_once() {
+        let (leader, calls) = testing::client(|_, _, _| failure(401));
+        let (sink, _owner, _) = testing::sink(false);
+        let ended = beat_for(leader, 120, &sink).await.expect("ended");
+        assert!(matches!(ended, Err(Error::CredentialRejected(_))), "{ended:?}");
+        assert_eq!(count(&calls, LEASE), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_without_heartbeat_leases_gets_the_announce_renewed_at_its_interval() {
+        let (leader, calls) = testing::client(|_, path, _| {
+            if path.contains("/leases/") {
+                failure(404)
+            } else {
+                renewed_announce(20)
+            }
+        });
+        let (sink, _owner, _) = testing::sink(false);
+        // The Lease once (404), the announce at 0 s and every 18–22 s: at 0, ~20, ~40 s.
+        assert!(beat_for(leader, 50, &sink).await.is_none());
+        assert_eq!(count(&calls, LEASE), 1, "not tried again before LEASE_RETRY");
+        assert_eq!(count(&calls, ANNOUNCE), 3);
     }
 }

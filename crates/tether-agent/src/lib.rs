@@ -8,13 +8,18 @@
 
 pub mod endpoint;
 pub mod heartbeat;
-pub mod loops;
+pub mod link;
 pub mod metrics;
 pub mod register;
 pub mod rejoin;
+pub mod renewal;
 pub mod report;
+pub mod reporter;
 pub mod session;
 pub mod state;
+pub mod status;
+#[cfg(test)]
+mod testing;
 pub mod tunnel;
 pub mod view;
 
@@ -174,7 +179,7 @@ pub enum Error {
     LeaderCAChanged,
     /// The leader could not answer a rejoin now (its API server or its proxy API is down).
     #[error("cannot reach the leader to rejoin: {0}")]
-    RejoinUnreachable(String),
+    RejoinUnreachable(#[source] tunnel::Cause),
     /// The credential could not be unsealed.
     #[error("cannot unseal the credential: {0}")]
     Seal(#[from] tether_seal::SealError),
@@ -195,6 +200,41 @@ pub enum Error {
     /// Something that cannot happen did.
     #[error("invariant violated: {0}")]
     Invariant(&'static str),
+}
+
+impl Error {
+    /// A bounded label for metrics and logs: what failed.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Error::Discovery(discovery::DiscoveryError::PinMismatch { .. }) => "pin_mismatch",
+            Error::Discovery(_) | Error::Leader { .. } | Error::RejoinUnreachable(_) => "leader_unreachable",
+            Error::Member { .. } => "member_api",
+            Error::JoinTokenMissing { .. } => "join_token_missing",
+            Error::JoinTokenRejected => "join_token_expired",
+            Error::JoinTokenForbidden(_) => "join_token_forbidden",
+            Error::Denied { .. } => "denied",
+            Error::RegistrationTimeout { .. } => "registration_timeout",
+            Error::CredentialRejected(_) => "credential_rejected",
+            Error::RejoinRefused(_) => "rejoin_refused",
+            Error::LeaderMoved(_) => "leader_moved",
+            Error::LeaderCAChanged => "leader_ca_changed",
+            Error::Seal(_) => "seal",
+            Error::ClusterIdConflict { .. } => "cluster_id_conflict",
+            Error::Finalizer(_) => "finalizer",
+            Error::Invariant(_) => "invariant",
+        }
+    }
+
+    /// A failed call `op` to the leader with the member's credential: `CredentialRejected` when
+    /// the leader no longer accepts this identity (401, 403, 404), else `Leader`.
+    pub fn rejected(op: &'static str, e: kube::Error) -> Self {
+        match &e {
+            kube::Error::Api(s) if matches!(s.code, 401 | 403 | 404) => {
+                Error::CredentialRejected(format!("{op}: {} {}", s.code, s.message))
+            }
+            _ => Error::Leader { op, source: e },
+        }
+    }
 }
 
 impl Context {

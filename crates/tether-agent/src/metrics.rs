@@ -14,6 +14,11 @@ struct ResultLabel {
     result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabel {
+    error: &'static str,
+}
+
 /// Every metric of the agent, cheap to clone.
 #[derive(Clone)]
 pub struct Metrics {
@@ -29,6 +34,7 @@ pub struct Metrics {
     tunnel_attached: Gauge,
     credential_expiry: Gauge,
     last_heartbeat: Gauge,
+    failures: Family<ErrorLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -47,6 +53,7 @@ impl Default for Metrics {
             tunnel_attached: Gauge::default(),
             credential_expiry: Gauge::default(),
             last_heartbeat: Gauge::default(),
+            failures: Family::default(),
         };
         registry.register(
             "heartbeats",
@@ -108,6 +115,12 @@ impl Default for Metrics {
             "When a heartbeat last reached the leader (Unix seconds; 0 before the first)",
             m.last_heartbeat.clone(),
         );
+        registry.register(
+            "session_failures",
+            "Member sessions that failed and start again, by what failed (the error's label: \
+             leader_unreachable, pin_mismatch, credential_rejected, join_token_expired, ...)",
+            m.failures.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             ..m
@@ -145,7 +158,13 @@ impl Metrics {
         m.set_tunnel_attached(true);
         m.set_leader(true);
         m.set_credential_expiry(None);
+        m.session_failure("leader_unreachable");
         m
+    }
+
+    /// Counts a failed session, by its error's label.
+    pub fn session_failure(&self, error: &'static str) {
+        self.failures.get_or_create(&ErrorLabel { error }).inc();
     }
 
     /// Counts a registration outcome.

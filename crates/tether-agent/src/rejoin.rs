@@ -29,7 +29,7 @@ pub struct Member<'a> {
 
 fn classify(d: Dial) -> Error {
     match d {
-        Dial::Unreachable(why) => Error::RejoinUnreachable(why),
+        Dial::Unreachable(cause) => Error::RejoinUnreachable(cause),
         Dial::Refused(why) => Error::RejoinRefused(why),
     }
 }

@@ -8,10 +8,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
@@ -25,9 +24,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::endpoint::LeaderEndpoint;
-use crate::loops::{renew, report};
 use crate::register::{Registration, Target, register};
 use crate::state::{self, Stored};
+use crate::status::StatusSink;
 use crate::view::{View, time};
 use crate::{Context, Error};
 
@@ -35,16 +34,12 @@ use crate::{Context, Error};
 /// long of its leader, so it must stay below the sets' default grace period (40 s).
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
-/// Shared by the loops of one session.
-pub(crate) struct Shared {
-    pub(crate) ctx: Arc<Context>,
-    pub(crate) set: Arc<ClusterSet>,
-    view: Mutex<View>,
-    /// When the heartbeat time was last put into the member status.
-    pub(crate) last_heartbeat_published: Mutex<Option<Instant>>,
-    /// When the last heartbeat went through (reported with the ManagedCluster status).
-    pub(crate) last_beat: Mutex<Option<Timestamp>>,
-    written: tokio::sync::Mutex<Option<tether_api::ClusterSetStatus>>,
+/// What one session keeps across its attempts.
+struct Shared {
+    ctx: Arc<Context>,
+    set: Arc<ClusterSet>,
+    /// Where the member ClusterSet's status goes (status.rs owns it).
+    status: StatusSink,
     /// The leader refused the stored credential: get a new one before using it again.
     refused: AtomicBool,
     /// What this session knows of a URL the leader moved to.
@@ -71,17 +66,41 @@ const MOVED_ATTEMPTS: u32 = 3;
 
 /// Runs the session of `set` until `cancel`.
 pub async fn run(ctx: Arc<Context>, set: Arc<ClusterSet>, cancel: CancellationToken) {
+    let (status, owner) = {
+        let (cache, set) = (ctx.clone(), set.clone());
+        let current = move || {
+            cache
+                .sets
+                .get(&ObjectRef::from_obj(set.as_ref()))
+                .unwrap_or_else(|| set.clone())
+        };
+        let ctx = ctx.clone();
+        let write = move |set: Arc<ClusterSet>, status| {
+            let ctx = ctx.clone();
+            async move { ctx.write_status(&set, &status).await }
+        };
+        crate::status::owner(current, write)
+    };
     let shared = Arc::new(Shared {
         ctx,
         set,
-        view: Mutex::default(),
-        last_heartbeat_published: Mutex::default(),
-        last_beat: Mutex::default(),
-        written: tokio::sync::Mutex::default(),
+        status,
         refused: AtomicBool::new(false),
         moved: Mutex::default(),
         moved_failures: std::sync::atomic::AtomicU32::new(0),
     });
+    // NB: the status owner lives as long as the session and no longer: once the session is
+    // cancelled (the set deleted or changed), nothing it observed is written over what comes next.
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        _ = owner => {}
+        _ = attempts(&shared, &cancel) => {}
+    }
+}
+
+/// Runs the session's attempts, with backoff, until it ends or `cancel`.
+async fn attempts(shared: &Arc<Shared>, cancel: &CancellationToken) {
+    let shared = shared.clone();
     let mut backoff = Duration::from_secs(1);
     loop {
         let result = tokio::select! {
@@ -134,11 +153,12 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
         effective.leader_url = url.clone();
     }
     let spec = &effective;
-    update(sh, |v| {
-        v.membership.leader_url = moved.clone();
-        v.membership.leader_url_replaces = moved.as_ref().map(|_| declared.leader_url.clone());
-    })
-    .await;
+    let replaces = moved.as_ref().map(|_| declared.leader_url.clone());
+    let leader_url = moved.clone();
+    update(sh, move |v| {
+        v.membership.leader_url = leader_url;
+        v.membership.leader_url_replaces = replaces;
+    });
     let stored = state::load_credential(&ctx.client, &ctx.namespace).await?;
     // NB: a member that joined by pin trusts the CA bundle the leader gave it (in its credential,
     // kept in step with cluster-info by `follow_leader`), so that a leader whose serving CA
@@ -182,11 +202,10 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
         Trust::Ca(ca) => pins_of(ca),
         Trust::Insecure => Vec::new(),
     };
-    update(sh, |v| {
+    update(sh, move |v| {
         v.ca_verified = Some(verified);
         v.membership.leader_cas = pins;
-    })
-    .await;
+    });
     let leader = LeaderEndpoint {
         url: spec.leader_url.clone(),
         trust,
@@ -210,7 +229,7 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
     let cluster_id = state::cluster_id(&ctx.client, spec.cluster_id.as_deref()).await?;
     let (identity, recipient) = state::key_pair(&ctx.client, &ctx.namespace).await?;
     let stored = match stored {
-        Some(s) if !expired(&s) && !sh.refused.load(Ordering::Acquire) => s,
+        Some(s) if !s.expired() && !sh.refused.load(Ordering::Acquire) => s,
         previous => {
             let id = Identity {
                 cluster_id: &cluster_id,
@@ -223,23 +242,19 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
         }
     };
     let namespace = stored.credential.namespace.clone();
-    update(sh, |v| {
-        v.registered = Some((
-            true,
-            Reason::Approved,
-            format!("namespace {namespace} on the leader"),
-        ));
-        v.membership.cluster_id = Some(cluster_id.clone());
-        v.membership.namespace = Some(namespace.clone());
-        v.membership.credential_expiry = expiry(&stored).map(time);
-    })
-    .await;
+    let (id, ns, expiry) = (cluster_id.clone(), namespace.clone(), stored.expiry().map(time));
+    update(sh, move |v| {
+        v.registered = Some((true, Reason::Approved, format!("namespace {ns} on the leader")));
+        v.membership.cluster_id = Some(id);
+        v.membership.namespace = Some(ns);
+        v.membership.credential_expiry = expiry;
+    });
     state::write_property(&ctx.client, properties::CLUSTER_ID, &cluster_id).await?;
     state::write_property(&ctx.client, properties::CLUSTER_SET, &sh.set.name_any()).await?;
 
     let (client_tx, client_rx) = watch::channel(leader.client(Some(&stored.credential.token))?);
     let name = spec.cluster_name.clone();
-    let link = crate::heartbeat::Link::default();
+    let link = crate::link::Link::default();
     let tunnel = async {
         match ctx.access.clone() {
             Some(access) => {
@@ -255,9 +270,36 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
         }
     };
     tokio::try_join!(
-        crate::heartbeat::run(sh, client_rx.clone(), &link, &namespace, &name),
-        report(sh, client_rx.clone(), &namespace, &name),
-        renew(sh, &leader, stored.clone(), client_tx),
+        crate::heartbeat::run(
+            &ctx.metrics,
+            &sh.status,
+            client_rx.clone(),
+            &link,
+            &namespace,
+            &name
+        ),
+        crate::reporter::run(
+            crate::reporter::Member {
+                client: &ctx.client,
+                api_server_url: &ctx.api_server_url,
+                metrics: &ctx.metrics,
+            },
+            &sh.status,
+            client_rx.clone(),
+            &namespace,
+            &name
+        ),
+        crate::renewal::run(
+            crate::renewal::Keep {
+                client: &ctx.client,
+                namespace: &ctx.namespace,
+                metrics: &ctx.metrics,
+            },
+            &sh.status,
+            &leader,
+            stored.clone(),
+            client_tx
+        ),
         follow_leader(sh, &leader, &declared.leader_url),
         tunnel,
     )?;
@@ -487,8 +529,7 @@ async fn register_with_token(
             Reason::Registering,
             "waiting for the leader's decision".into(),
         ))
-    })
-    .await;
+    });
     let token = join_token(ctx, spec).await?;
     let bootstrap = leader.client(Some(&token))?;
     let reg = Registration {
@@ -537,31 +578,23 @@ async fn join_token(ctx: &Context, spec: &MemberSpec) -> Result<String, Error> {
         })
 }
 
-pub(crate) fn expiry(s: &Stored) -> Option<Timestamp> {
-    s.credential.expiration_timestamp.parse().ok()
-}
-
-fn expired(s: &Stored) -> bool {
-    expiry(s).is_none_or(|e| e <= Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(30))
-}
-
 /// Turns a session failure into status, an Event where a user must act, and a log line.
 async fn record_failure(sh: &Arc<Shared>, err: &Error) {
-    warn!(set = %sh.set.name_any(), error = err as &dyn std::error::Error, "Member session failed");
+    warn!(set = %sh.set.name_any(), failure = err.label(), error = err as &dyn std::error::Error,
+          "Member session failed");
+    sh.ctx.metrics.session_failure(err.label());
     let msg = err.to_string();
     match err {
         Error::Discovery(discovery::DiscoveryError::PinMismatch { .. }) => {
-            update(sh, |v| {
-                v.reachable = Some((false, Reason::PinMismatch, msg.clone()))
-            })
-            .await;
+            let m = msg.clone();
+            update(sh, move |v| v.reachable = Some((false, Reason::PinMismatch, m)));
             sh.ctx.event(&sh.set, true, EventReason::PinMismatch, &msg).await;
         }
         Error::Discovery(_) | Error::Leader { .. } | Error::RejoinUnreachable(_) => {
-            update(sh, |v| {
-                v.reachable = Some((false, Reason::LeaderUnreachable, msg.clone()))
-            })
-            .await;
+            let m = msg.clone();
+            update(sh, move |v| {
+                v.reachable = Some((false, Reason::LeaderUnreachable, m))
+            });
         }
         Error::JoinTokenRejected | Error::JoinTokenForbidden(_) | Error::JoinTokenMissing { .. } => {
             let (reason, event) = if matches!(err, Error::JoinTokenRejected) {
@@ -569,20 +602,22 @@ async fn record_failure(sh: &Arc<Shared>, err: &Error) {
             } else {
                 (Reason::JoinTokenInvalid, EventReason::JoinTokenInvalid)
             };
-            update(sh, |v| v.registered = Some((false, reason, msg.clone()))).await;
+            let m = msg.clone();
+            update(sh, move |v| v.registered = Some((false, reason, m)));
             sh.ctx.event(&sh.set, true, event, &msg).await;
         }
         Error::Denied { .. } => {
-            update(sh, |v| v.registered = Some((false, Reason::Denied, msg.clone()))).await;
+            let m = msg.clone();
+            update(sh, move |v| v.registered = Some((false, Reason::Denied, m)));
             sh.ctx
                 .event(&sh.set, true, EventReason::RegistrationDenied, &msg)
                 .await;
         }
         Error::CredentialRejected(_) => {
-            update(sh, |v| {
-                v.registered = Some((false, Reason::CredentialRejected, msg.clone()))
-            })
-            .await;
+            let m = msg.clone();
+            update(sh, move |v| {
+                v.registered = Some((false, Reason::CredentialRejected, m))
+            });
             sh.ctx
                 .event(
                     &sh.set,
@@ -592,34 +627,11 @@ async fn record_failure(sh: &Arc<Shared>, err: &Error) {
                 )
                 .await;
         }
-        _ => update(sh, |v| v.registered = Some((false, Reason::Error, msg.clone()))).await,
+        _ => update(sh, move |v| v.registered = Some((false, Reason::Error, msg))),
     }
 }
 
-/// Changes the view and writes the member ClusterSet's status if it changed.
-pub(crate) async fn update(sh: &Arc<Shared>, change: impl FnOnce(&mut View)) {
-    let view = {
-        let mut v = sh.view.lock().unwrap_or_else(|p| p.into_inner());
-        change(&mut v);
-        v.clone()
-    };
-    // NB: compare with what this session last wrote, not the (possibly lagging) cache.
-    let mut written = sh.written.lock().await;
-    let set = sh
-        .ctx
-        .sets
-        .get(&ObjectRef::from_obj(sh.set.as_ref()))
-        .unwrap_or_else(|| sh.set.clone());
-    let previous = written.clone().or_else(|| set.status.clone()).unwrap_or_default();
-    let status = view.status(&previous.conditions, set.metadata.generation, Timestamp::now());
-    if status == previous {
-        return;
-    }
-    match sh.ctx.write_status(&set, &status).await {
-        Ok(()) => *written = Some(status),
-        Err(e) => warn!(
-            error = &e as &dyn std::error::Error,
-            "Cannot write the member ClusterSet status"
-        ),
-    }
+/// Changes the view; the status owner writes the status if it changed.
+fn update(sh: &Shared, change: impl FnOnce(&mut View) + Send + 'static) {
+    sh.status.update(change);
 }

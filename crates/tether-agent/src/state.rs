@@ -106,6 +106,17 @@ impl Stored {
             ttl_seconds,
         }
     }
+
+    /// When the credential expires (`None` if its time does not parse).
+    pub fn expiry(&self) -> Option<k8s_openapi::jiff::Timestamp> {
+        self.credential.expiration_timestamp.parse().ok()
+    }
+
+    /// Whether it expired, or does within 30 s.
+    pub fn expired(&self) -> bool {
+        let soon = k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(30);
+        self.expiry().is_none_or(|e| e <= soon)
+    }
 }
 
 /// The stored credential, if any.

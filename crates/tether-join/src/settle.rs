@@ -4,7 +4,10 @@
 //! get 403 (the authorizer's cache lags under load). Both are retried for a bounded time from
 //! the first refusal in a row; any other outcome starts the count again.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// NB: tokio's clock, so that a test with paused time sees a window pass.
+use tokio::time::Instant;
 
 /// How long 401s of a join token are taken for a token the API server has not seen yet.
 pub const TOKEN_SETTLE: Duration = Duration::from_secs(15);

@@ -4,7 +4,7 @@
 //! pin-checked discovery (`discovery`), registration with the join token (`register::register`),
 //! one heartbeat Lease renewal per interval (`heartbeat::renew`, the intervals the leader asks
 //! for: the long one while the member's tunnel is attached, jittered as the agent jitters them), a ManagedCluster status built by `report::summarize` and written by
-//! `report::write_status`, credential renewal (`loops::renewal_delay`, `loops::request_token`:
+//! `report::write_status`, credential renewal (`renewal::renewal_delay`, `renewal::request_token`:
 //! one TokenRequest with a third of the lifetime left, jittered), and leave (`deregister`).
 //!
 //! What differs from N real agents, on purpose: all members share one HTTP connection pool
@@ -28,9 +28,10 @@ use kube::Client;
 use kube::api::Api;
 use kube::client::ConfigExt;
 use kube::client::retry::RetryPolicy;
-use tether_agent::heartbeat::{Intervals, Link, jittered, renew};
-use tether_agent::loops::{renewal_delay, request_token};
+use tether_agent::heartbeat::{Intervals, jittered, renew};
+use tether_agent::link::Link;
 use tether_agent::register::{Registration, Target, register};
+use tether_agent::renewal::{renewal_delay, request_token};
 use tether_agent::report::{Report, status, summarize, write_status};
 use tether_agent::state::Stored;
 use tether_api::managedcluster::ApiServerHealth;
@@ -390,7 +391,7 @@ impl Member {
     /// Heartbeats until `cancel`, as the agent's heartbeat loop does: the first one at a random
     /// point of the interval (so that members started together spread out), then every interval
     /// ±10%. A failed heartbeat is counted and retried at the next beat. Renews the credential
-    /// when the agent would (`loops::renewal_delay`); a failed renewal is retried after 10 s.
+    /// when the agent would (`renewal::renewal_delay`); a failed renewal is retried after 10 s.
     pub async fn heartbeat_until(mut self, cancel: CancellationToken) -> Self {
         let attached = self.link.attached();
         let mut next_beat = Instant::now() + self.interval().mul_f64(rand_fraction(&self.name));

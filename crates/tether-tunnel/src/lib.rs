@@ -2,8 +2,8 @@
 //! leader's aggregated API lives and how its paths read (`route`), which headers carry the
 //! caller's identity across the tunnel and which are never trusted (`headers`), how a leader
 //! identity becomes a member impersonation (`identity`), how the agent proves the member's key
-//! at attach (`proof`), how a member credential crosses the leader sealed (`passthrough`), the bounds on what a caller can make an end hold (`limits`), and the
-//! byte plumbing of the tunnel (`pipe`): HTTP/2 with the leader as client and the agent as server, over a connection the
+//! at attach (`proof`), how a member credential crosses the leader sealed (`passthrough`), the bounds on what a caller can make an end hold (`limits`), the
+//! byte plumbing of the tunnel (`pipe`) and what both ends do with an answer they relay (`relay`): HTTP/2 with the leader as client and the agent as server, over a connection the
 //! agent opened through the leader's API server.
 
 pub mod cert;
@@ -13,6 +13,7 @@ pub mod limits;
 pub mod passthrough;
 pub mod pipe;
 pub mod proof;
+pub mod relay;
 pub mod route;
 
 /// The aggregated API group the leader serves (registered with an APIService).

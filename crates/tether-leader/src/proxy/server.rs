@@ -8,10 +8,9 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use http::header::{CONNECTION, UPGRADE};
+use http::header::CONNECTION;
 use http::{HeaderValue, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     APIGroup, APIGroupList, APIResource, APIResourceList, GroupVersionForDiscovery,
 };
@@ -21,6 +20,7 @@ use tether_tunnel::headers::{self, MEMBER_AUTHORIZATION, REMOTE_GROUP, REMOTE_US
 use tether_tunnel::identity::Caller;
 use tether_tunnel::passthrough;
 use tether_tunnel::pipe::{self, Body};
+use tether_tunnel::relay::{self, Hop};
 use tether_tunnel::route::{Discovery, Route, route};
 use tether_tunnel::{ATTACH, GROUP, PROXY, REJOIN, RESOURCE, VERSION, status};
 use tracing::debug;
@@ -142,11 +142,9 @@ async fn proxy(
         return match resp {
             Ok(r) => {
                 sh.ctx.metrics.proxied("ok");
-                let (mut p, b) = r.into_parts();
-                strip_untrusted(&mut p.headers, false);
-                recipient(&mut p.headers, sh, &m);
-                p.version = Version::HTTP_11;
-                Response::from_parts(p, pipe::boxed(b))
+                let mut out = relay::answer(r, Hop::Caller);
+                recipient(out.headers_mut(), sh, &m);
+                out
             }
             Err(e) => {
                 sh.ctx.metrics.proxied("tunnel_error");
@@ -174,37 +172,21 @@ async fn proxy(
             return tunnel_failed(&m, &e.to_string());
         }
     };
-    let switched = resp.headers().get(headers::UPGRADE).cloned();
-    let (mut p, from_member) = resp.into_parts();
-    match (switched, on_upgrade) {
+    match (resp.headers().get(headers::UPGRADE).cloned(), on_upgrade) {
         (Some(proto), Some(on_upgrade)) => {
             sh.ctx.metrics.proxied("upgraded");
-            let mut r = Response::new(pipe::empty());
-            *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-            r.headers_mut()
-                .insert(CONNECTION, HeaderValue::from_static("Upgrade"));
-            r.headers_mut().insert(UPGRADE, proto);
-            for h in headers::UPGRADE_RESPONSE_HEADERS {
-                for v in p.headers.get_all(&h) {
-                    r.headers_mut().append(h.clone(), v.clone());
-                }
-            }
-            tokio::spawn(async move {
-                match on_upgrade.await {
-                    Ok(up) => pipe::splice(TokioIo::new(up), to_member, from_member).await,
-                    Err(e) => debug!(error = %e, "Caller's upgrade did not complete"),
-                }
-            });
-            r
+            let out = relay::switched(resp.headers(), proto, Hop::Caller);
+            relay::splice_upgraded(on_upgrade, to_member, resp.into_body(), ());
+            out
         }
         _ => {
             // NB: a non-101 answer to an upgrade closes the connection.
             sh.ctx.metrics.proxied("ok");
-            strip_untrusted(&mut p.headers, false);
-            recipient(&mut p.headers, sh, &m);
-            p.version = Version::HTTP_11;
-            p.headers.insert(CONNECTION, HeaderValue::from_static("close"));
-            Response::from_parts(p, pipe::boxed(from_member))
+            let mut out = relay::answer(resp, Hop::Caller);
+            recipient(out.headers_mut(), sh, &m);
+            out.headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+            out
         }
     }
 }

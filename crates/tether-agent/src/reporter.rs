@@ -1,33 +1,39 @@
-//! Two of the loops a member session runs on its own credential once registered (the heartbeat
-//! is heartbeat.rs): ManagedCluster status (written only when the report changed, plus a full
-//! refresh), and credential renewal before expiry. A rejected credential
-//! ends the loop so the session registers again; refusals that may be caches settling are
-//! retried for a bounded time (`tether_join::settle`).
+//! The member's status on its ManagedCluster at the leader: nodes, capacity, the member API
+//! server's version and health, and its ClusterProperties, written only when the report changed
+//! (plus a full refresh every few minutes). A node cache trimmed to what the report reads is
+//! woken only by node changes that matter; the API server is probed every `HEALTH_EVERY`. A
+//! rejected credential ends the loop so the session gets a new one; refusals that may be caches
+//! settling are retried for a bounded time (`tether_join::settle`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec, TokenRequestStatus};
-use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
-use rand::Rng;
 use tether_api::ManagedCluster;
 use tether_join::settle::Settle;
 use tokio::sync::{Notify, watch};
-use tracing::{info, warn};
+use tracing::warn;
 
-use crate::Error;
-use crate::endpoint::LeaderEndpoint;
 use crate::report::{Report, node_fingerprint, summarize, trim_node, worth_writing};
-use crate::session::{Shared, expiry, update};
-use crate::state::{self, Stored};
-use crate::view::time;
+use crate::status::StatusSink;
+use crate::{Error, Metrics};
+
+/// The member cluster the reporter describes.
+pub(crate) struct Member<'a> {
+    /// Its API server, as the agent.
+    pub client: &'a Client,
+    /// Its URL as the agent reaches it (reported).
+    pub api_server_url: &'a str,
+    /// The agent's metrics.
+    pub metrics: &'a Metrics,
+}
 
 /// A full ManagedCluster status refresh happens at least this often, changed or not.
 const FULL_REFRESH: Duration = Duration::from_secs(300);
@@ -36,23 +42,16 @@ const HEALTH_EVERY: Duration = Duration::from_secs(30);
 /// Reads of the ManagedCluster, one per `HEALTH_EVERY`, waiting for the leader's version verdict.
 const VERDICT_READS: u32 = 10;
 
-/// A credential error: the leader no longer accepts this identity.
-pub(crate) fn rejected(op: &'static str, e: kube::Error) -> Error {
-    match &e {
-        kube::Error::Api(s) if matches!(s.code, 401 | 403 | 404) => {
-            Error::CredentialRejected(format!("{op}: {} {}", s.code, s.message))
-        }
-        _ => Error::Leader { op, source: e },
-    }
-}
-
-pub(crate) async fn report(
-    sh: &Arc<Shared>,
+/// Reports the member's status to its ManagedCluster on the leader until the credential is
+/// rejected: on a change of the report (`worth_writing`), else every `FULL_REFRESH`.
+pub(crate) async fn run(
+    ctx: Member<'_>,
+    sink: &StatusSink,
     client: watch::Receiver<Client>,
     ns: &str,
     name: &str,
 ) -> Result<(), Error> {
-    let member = sh.ctx.client.clone();
+    let member = ctx.client.clone();
     let (nodes, writer) = reflector::store::<Node>();
     let changed = Arc::new(Notify::new());
     let stream = reflector::reflector(
@@ -87,7 +86,7 @@ pub(crate) async fn report(
         .and_then(|mc| mc.status)
         .map(|s| s.conditions)
         .unwrap_or_default();
-    let mut judged = mirror_version_verdict(sh, &conditions).await;
+    let mut judged = mirror_version_verdict(sink, &conditions).await;
     let mut verdict_reads = VERDICT_READS;
     let mut forbidden = Settle::forbidden();
     let mut last_write = Instant::now();
@@ -102,22 +101,26 @@ pub(crate) async fn report(
         let full = last_write.elapsed() >= FULL_REFRESH;
         if worth_writing(last.as_ref(), &next) || full {
             let api = Api::<ManagedCluster>::namespaced(client.borrow().clone(), ns);
-            let beat = *sh.last_beat.lock().unwrap_or_else(|p| p.into_inner());
-            let status =
-                crate::report::status(&next, &sh.ctx.api_server_url, &conditions, beat, Timestamp::now());
+            let status = crate::report::status(
+                &next,
+                ctx.api_server_url,
+                &conditions,
+                sink.last_beat(),
+                Timestamp::now(),
+            );
             match crate::report::write_status(&api, name, &status).await {
                 Ok(written) => {
                     let all = written.status.map(|s| s.conditions).unwrap_or_default();
-                    judged = mirror_version_verdict(sh, &all).await;
+                    judged = mirror_version_verdict(sink, &all).await;
                     conditions = status.conditions;
                     forbidden.clear();
-                    sh.ctx.metrics.status_write();
+                    ctx.metrics.status_write();
                     last = Some(next);
                     last_write = Instant::now();
                 }
                 Err(e) => {
                     let settling = forbidden.tolerate(&e);
-                    let err = rejected("report status", e);
+                    let err = Error::rejected("report status", e);
                     if matches!(err, Error::CredentialRejected(_)) && !settling {
                         return Err(err);
                     }
@@ -136,7 +139,7 @@ pub(crate) async fn report(
             let api = Api::<ManagedCluster>::namespaced(client.borrow().clone(), ns);
             if let Ok(Some(mc)) = api.get_opt(name).await {
                 let all = mc.status.map(|s| s.conditions).unwrap_or_default();
-                judged = mirror_version_verdict(sh, &all).await;
+                judged = mirror_version_verdict(sink, &all).await;
             }
         }
         tokio::select! {
@@ -152,7 +155,7 @@ pub(crate) async fn report(
 /// ClusterSet's `AgentVersionSupported` condition, with a warning when it is outside the skew.
 /// Whether there was a verdict.
 async fn mirror_version_verdict(
-    sh: &Arc<Shared>,
+    sink: &StatusSink,
     conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
 ) -> bool {
     let Some(verdict) = crate::report::version_supported(conditions) else {
@@ -161,7 +164,7 @@ async fn mirror_version_verdict(
     if !verdict.0 {
         warn!(message = %verdict.2, "The leader does not support this agent's version");
     }
-    update(sh, |v| v.version_supported = Some(verdict)).await;
+    sink.update(move |v| v.version_supported = Some(verdict));
     true
 }
 
@@ -274,95 +277,9 @@ impl NodeChanges {
     }
 }
 
-/// How long to wait at `now` before renewing `stored`: until a third of its lifetime is left,
-/// less up to a tenth of that at random (so that credentials issued together, e.g. in a mass
-/// rejoin, drift apart), and never less than 5 s.
-pub fn renewal_delay(stored: &Stored, now: Timestamp) -> Duration {
-    let remaining = expiry(stored)
-        .map(|e| (e - now).get_seconds().max(0) as u64)
-        .unwrap_or(0);
-    let third = Duration::from_secs(stored.ttl_seconds.max(0) as u64 / 3);
-    let left = third.mul_f64(rand::rng().random_range(0.9..=1.0));
-    Duration::from_secs(remaining)
-        .saturating_sub(left)
-        .max(Duration::from_secs(5))
-}
-
-/// Asks the leader for a new token of `stored`'s ServiceAccount with the same lifetime (one
-/// TokenRequest, with the current credential); `None` if the answer carried no token.
-pub async fn request_token(
-    api: &Api<ServiceAccount>,
-    stored: &Stored,
-) -> Result<Option<TokenRequestStatus>, kube::Error> {
-    let req = TokenRequest {
-        spec: TokenRequestSpec {
-            expiration_seconds: Some(stored.ttl_seconds),
-            ..TokenRequestSpec::default()
-        },
-        ..TokenRequest::default()
-    };
-    let t = api
-        .create_token_request(&stored.credential.service_account, &PostParams::default(), &req)
-        .await?;
-    Ok(t.status)
-}
-
-pub(crate) async fn renew(
-    sh: &Arc<Shared>,
-    leader: &LeaderEndpoint,
-    mut stored: Stored,
-    client_tx: watch::Sender<Client>,
-) -> Result<(), Error> {
-    loop {
-        sh.ctx.metrics.set_credential_expiry(expiry(&stored));
-        tokio::time::sleep(renewal_delay(&stored, Timestamp::now())).await;
-        let api = Api::<ServiceAccount>::namespaced(client_tx.borrow().clone(), &stored.credential.namespace);
-        match request_token(&api, &stored).await {
-            Ok(t) => {
-                let Some(status) = t else { continue };
-                stored.credential.token = status.token;
-                stored.credential.expiration_timestamp = status.expiration_timestamp.0.to_string();
-                state::store_credential(&sh.ctx.client, &sh.ctx.namespace, &stored).await?;
-                client_tx.send_replace(leader.client(Some(&stored.credential.token))?);
-                sh.ctx.metrics.renewal(true);
-                info!(expires = %stored.credential.expiration_timestamp, "Credential renewed");
-                let exp = expiry(&stored).map(time);
-                update(sh, |v| v.membership.credential_expiry = exp).await;
-            }
-            Err(e) => {
-                sh.ctx.metrics.renewal(false);
-                let err = rejected("renew credential", e);
-                if matches!(err, Error::CredentialRejected(_)) {
-                    return Err(err);
-                }
-                warn!(
-                    error = &err as &dyn std::error::Error,
-                    "Credential renewal failed; retrying"
-                );
-                tokio::time::sleep(Duration::from_secs(10)).await;
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::jiff::SignedDuration;
-    use tether_seal::MemberCredential;
-
-    fn stored(expires: &str, ttl_seconds: i64) -> Stored {
-        Stored {
-            credential: MemberCredential {
-                token: "t".into(),
-                expiration_timestamp: expires.into(),
-                namespace: "ns".into(),
-                service_account: "sa".into(),
-                ca_cert: String::new(),
-            },
-            ttl_seconds,
-        }
-    }
 
     fn node(name: &str, ready: &str, resource_version: &str) -> Node {
         let mut n = Node::default();
@@ -403,26 +320,99 @@ mod tests {
         assert!(!c.changed(&Apply(node("a", "False", "6"))));
     }
 
-    #[test]
-    fn renews_with_a_third_of_the_lifetime_left_less_a_little_jitter() {
-        let now: Timestamp = "2026-12-02T00:00:00Z".parse().expect("time");
-        let fresh = stored(&(now + SignedDuration::from_secs(600)).to_string(), 600);
-        let delays: Vec<u64> = (0..200).map(|_| renewal_delay(&fresh, now).as_secs()).collect();
-        // A third of 600 s is 200 s, less up to 20 s: renew 400–420 s after issue.
-        assert!(delays.iter().all(|d| (400..=420).contains(d)), "{delays:?}");
-        assert!(delays.iter().any(|d| *d != delays[0]), "jittered: {delays:?}");
+    use crate::testing::{self, count, failure};
+    use serde_json::json;
+
+    const STATUS: &str =
+        "PATCH /apis/multicluster.tether.dev/v1alpha1/namespaces/ns/managedclusters/east/status";
+
+    /// A member with one node, v1.34.0, healthy, without ClusterProperties.
+    fn member() -> (Client, testing::Calls) {
+        testing::client(|_, path, _| match path {
+            "/api/v1/nodes" => (
+                200,
+                json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {"resourceVersion": "1"},
+                       "items": [{"metadata": {"name": "n1", "resourceVersion": "1"},
+                                  "status": {"conditions": [{"type": "Ready", "status": "True"}]}}]}),
+            ),
+            "/version" => (
+                200,
+                json!({"major": "1", "minor": "34", "gitVersion": "v1.34.0", "gitCommit": "", "gitTreeState": "",
+                       "buildDate": "", "goVersion": "", "compiler": "", "platform": "linux/amd64"}),
+            ),
+            "/livez" | "/readyz" => (200, json!("ok")),
+            _ => failure(404),
+        })
     }
 
-    #[test]
-    fn an_almost_expired_or_unreadable_credential_is_renewed_after_five_seconds() {
-        let now: Timestamp = "2026-12-02T00:00:00Z".parse().expect("time");
-        let late = stored(&(now + SignedDuration::from_secs(30)).to_string(), 600);
-        assert_eq!(renewal_delay(&late, now), Duration::from_secs(5));
-        let past = stored(&(now - SignedDuration::from_secs(30)).to_string(), 600);
-        assert_eq!(renewal_delay(&past, now), Duration::from_secs(5));
+    fn written() -> (u16, serde_json::Value) {
+        (
+            200,
+            json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ManagedCluster",
+                   "metadata": {"name": "east", "namespace": "ns"},
+                   "spec": {"clusterID": "id-1", "clusterSet": "prod"}}),
+        )
+    }
+
+    /// Runs the reporter against `leader` for `secs` of (paused) time; its result if it ended.
+    async fn report_for(leader: Client, secs: u64) -> Option<Result<(), Error>> {
+        let (client, _) = member();
+        let metrics = Metrics::default();
+        let (sink, _owner, _) = testing::sink(false);
+        let (_tx, rx) = watch::channel(leader);
+        let m = Member {
+            client: &client,
+            api_server_url: "https://member:6443",
+            metrics: &metrics,
+        };
+        tokio::time::timeout(Duration::from_secs(secs), run(m, &sink, rx, "ns", "east"))
+            .await
+            .ok()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_report_is_retried_while_rbac_settles_then_written_once() {
+        let refusals = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = refusals.clone();
+        let (leader, calls) = testing::client(move |method, _, _| {
+            if method != http::Method::PATCH {
+                return failure(404);
+            }
+            // Refused twice (a Role bound a moment ago), then accepted.
+            if seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 2 {
+                failure(403)
+            } else {
+                written()
+            }
+        });
+        // Refused at once and again a second later (the node list's wake-up), written at the
+        // next probe (30 s); then nothing changes before the 300 s refresh.
+        assert!(report_for(leader, 200).await.is_none(), "still reporting");
+        assert_eq!(count(&calls, STATUS), 3);
+        assert_eq!(refusals.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_past_the_settle_time_ends_the_session() {
+        let (leader, calls) = testing::client(|method, _, _| {
+            if method == http::Method::PATCH {
+                failure(403)
+            } else {
+                failure(404)
+            }
+        });
+        let start = tokio::time::Instant::now();
+        let ended = report_for(leader, 200).await.expect("ended");
+        assert!(matches!(ended, Err(Error::CredentialRejected(_))), "{ended:?}");
+        let after = start.elapsed();
+        assert!(
+            after >= Duration::from_secs(30) && after < Duration::from_secs(40),
+            "{after:?}"
+        );
         assert_eq!(
-            renewal_delay(&stored("not a time", 600), now),
-            Duration::from_secs(5)
+            count(&calls, STATUS),
+            3,
+            "at once, a second later, and at the next probe"
         );
     }
 }

@@ -1,0 +1,162 @@
+//! Dialing the leader: a challenge read with the member's key, then the HTTP/1.1 upgrade through
+//! the leader's API server that carries the proof; proving the key again over a renewed
+//! credential; and why a dial failed (unreachable, to retry at the normal pace, or refused).
+
+use http::header::{CONNECTION, UPGRADE};
+use http::{Request, Response, StatusCode};
+use kube::Client;
+use kube::client::Body as KubeBody;
+use tether_tunnel::pipe::{self};
+use tether_tunnel::proof::{self, ATTACH_PROOF, Challenge, Renewed};
+use tether_tunnel::{UPGRADE_PROTOCOL, attach_path};
+
+use crate::Metrics;
+use tracing::{info, warn};
+
+use super::{Attach, MAX_CHALLENGE};
+
+/// Attaches member `at`'s tunnel once and hands back the upgraded connection without serving
+/// anything on it: a tunnel that answers nothing, not even pings (the benchmark's frozen agent).
+pub async fn attach_unserved(client: &Client, at: &Attach) -> Result<hyper::upgrade::Upgraded, String> {
+    dial(client, at).await.map_err(|d| d.to_string())
+}
+
+/// The cause of a failure to reach the leader.
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a dial failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Dial {
+    /// No answer (network, TLS, the leader's API server down), or a server error.
+    #[error(transparent)]
+    Unreachable(Cause),
+    /// An answer other than the one asked for.
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl Dial {
+    fn unreachable(e: impl Into<Cause>) -> Self {
+        Dial::Unreachable(e.into())
+    }
+}
+
+/// A GET of the member's `attach` path; `proof` and `upgrade` as asked.
+fn attach_request(at: &Attach, proof: Option<&str>, upgrade: bool) -> Result<Request<KubeBody>, Dial> {
+    let mut req = Request::get(attach_path(&at.namespace, &at.name));
+    if let Some(p) = proof {
+        req = req.header(ATTACH_PROOF, p);
+    }
+    if upgrade {
+        req = req
+            .header(CONNECTION, "Upgrade")
+            .header(UPGRADE, UPGRADE_PROTOCOL);
+    }
+    req.body(KubeBody::empty()).map_err(Dial::unreachable)
+}
+
+/// The answer's status and (bounded) body, or why there was none.
+pub(crate) async fn send(client: &Client, req: Request<KubeBody>) -> Result<Response<KubeBody>, Dial> {
+    client.send(req).await.map_err(Dial::unreachable)
+}
+
+/// Why the leader's answer `code` with `body` was not the one asked for.
+pub(crate) fn refused(code: StatusCode, body: &[u8]) -> Dial {
+    let why = format!(
+        "the leader answered {code}: {}",
+        String::from_utf8_lossy(body).trim()
+    );
+    // NB: 503 from the aggregator means the leader replica is not (yet) reachable behind the
+    // APIService, as during a failover: retry at the normal pace.
+    if code.is_server_error() {
+        Dial::unreachable(why)
+    } else {
+        Dial::Refused(why)
+    }
+}
+
+/// Asks the leader for a challenge and reads the proof out of it with the member's key.
+async fn proof(client: &Client, at: &Attach) -> Result<String, Dial> {
+    let path = attach_path(&at.namespace, &at.name);
+    read_challenge(client, &path, &at.namespace, &at.name, &at.key).await
+}
+
+/// GETs the challenge at `path` (attach or rejoin of member `name` in `namespace`) and reads
+/// the proof token out of it with private key `key`.
+pub(crate) async fn read_challenge(
+    client: &Client,
+    path: &str,
+    namespace: &str,
+    name: &str,
+    key: &str,
+) -> Result<String, Dial> {
+    let req = Request::get(path)
+        .body(KubeBody::empty())
+        .map_err(Dial::unreachable)?;
+    let resp = send(client, req).await?;
+    let code = resp.status();
+    let body = pipe::collect_limited(resp.into_body(), MAX_CHALLENGE).await;
+    if code != StatusCode::OK {
+        return Err(refused(code, &body));
+    }
+    let challenge: Challenge = serde_json::from_slice(&body)
+        .map_err(|e| Dial::Refused(format!("the leader's challenge is not readable: {e}")))?;
+    let text = tether_seal::unseal_text(&challenge.sealed, key).map_err(|e| {
+        Dial::Refused(format!(
+            "cannot open the leader's challenge with this member's key ({e}): the leader does not \
+             hold this key for member {name} (it was removed, banned, or registered again with another key)"
+        ))
+    })?;
+    proof::token_in(&text, namespace, name)
+        .map(str::to_string)
+        .ok_or_else(|| Dial::Refused("the leader's challenge is not for this member; ignored".into()))
+}
+
+/// Opens the tunnel: a challenge answered with the member's key, then an HTTP/1.1 upgrade
+/// through the leader's API server that carries the proof.
+pub(super) async fn dial(client: &Client, at: &Attach) -> Result<hyper::upgrade::Upgraded, Dial> {
+    let p = proof(client, at).await?;
+    let mut resp = send(client, attach_request(at, Some(&p), true)?).await?;
+    let code = resp.status();
+    if code != StatusCode::SWITCHING_PROTOCOLS {
+        let body = pipe::collect_limited(resp.into_body(), 2048).await;
+        // NB: the leader just answered our challenge, so a refused proof is a race (the serving
+        // replica changed between the two requests): ask again at the normal pace.
+        return Err(match refused(code, &body) {
+            Dial::Refused(why) => Dial::unreachable(why),
+            other => other,
+        });
+    }
+    hyper::upgrade::on(&mut resp).await.map_err(Dial::unreachable)
+}
+
+/// Proves the key again over `client` (a renewed credential), so the live tunnel is kept.
+pub(super) async fn reprove(client: Client, at: Attach, metrics: Metrics) {
+    let renewed = async {
+        let p = proof(&client, &at).await?;
+        let resp = send(&client, attach_request(&at, Some(&p), false)?).await?;
+        let code = resp.status();
+        let body = pipe::collect_limited(resp.into_body(), 2048).await;
+        if code != StatusCode::OK {
+            return Err(refused(code, &body));
+        }
+        serde_json::from_slice::<Renewed>(&body)
+            .map_err(|e| Dial::Refused(format!("the leader's renewal answer is not readable: {e}")))
+    };
+    match renewed.await {
+        Ok(r) => {
+            metrics.attach("proven");
+            info!(
+                seconds = r.seconds,
+                "Proved the member's key over the renewed credential; the tunnel is kept"
+            );
+        }
+        Err(why) => {
+            metrics.attach("refused");
+            warn!(
+                error = &why as &dyn std::error::Error,
+                "Cannot prove the key over the renewed credential; the leader closes the tunnel when the old one expires, and it is redialled"
+            );
+        }
+    }
+}
