@@ -17,6 +17,9 @@ use crate::lab;
 use crate::node::{Node, NodeSpec};
 
 pub use crate::args::FRONT_PROXY_CLIENT;
+
+mod processes;
+mod waits;
 use crate::pki::Pki;
 use crate::process::{self, Proc};
 use crate::tools::Tools;
@@ -286,152 +289,9 @@ impl TestCluster {
         Ok(cluster)
     }
 
-    async fn start_nodes(&mut self, opts: &ClusterBuilder, tools: &Tools) -> Result<(), Error> {
-        let d = self.dir().to_path_buf();
-        let missing: Vec<&str> = ["kube-scheduler", "kubelet", "kube-proxy"]
-            .into_iter()
-            .filter(|t| !tools.path(t).is_file())
-            .collect();
-        if !missing.is_empty() {
-            return Err(Error::ToolsMissing {
-                dir: tools.dir().to_path_buf(),
-                missing: missing.join(", "),
-            });
-        }
-        crate::node::image_archives()?;
-        let mut scheduler = Command::new(tools.path("kube-scheduler"));
-        scheduler.args(scheduler_args(&Layout::new(&d)));
-        self.procs.push(Proc::spawn("kube-scheduler", scheduler, &d)?);
-        for i in 0..opts.nodes {
-            let name = format!("{}-node-{i}", self.name);
-            let spec = NodeSpec {
-                cluster_dir: &d,
-                kubelet_cert: self
-                    .pki
-                    .client_cert(&format!("system:node:{name}"), Some("system:nodes"))?,
-                proxy_cert: self.pki.client_cert("system:kube-proxy", None)?,
-                name,
-                url: &self.url,
-                ca_pem: self.ca_pem(),
-                detachable: opts.root.is_some(),
-            };
-            self.nodes.push(Node::start(spec, tools)?);
-        }
-        self.wait_nodes_ready().await
-    }
-
-    /// Waits until every node of the cluster reports Ready.
-    async fn wait_nodes_ready(&mut self) -> Result<(), Error> {
-        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client()?);
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            self.check_alive()?;
-            for n in &mut self.nodes {
-                if let Some(status) = n.exited() {
-                    return Err(Error::Exited {
-                        name: n.name().to_string(),
-                        status,
-                        log: n.logs(30),
-                    });
-                }
-            }
-            let ready = nodes
-                .list(&Default::default())
-                .await
-                .map(|l| {
-                    l.items
-                        .iter()
-                        .filter(|n| {
-                            n.status
-                                .as_ref()
-                                .and_then(|s| s.conditions.as_ref())
-                                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-                        })
-                        .count()
-                })
-                .unwrap_or(0);
-            if ready == self.nodes.len() {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                let logs: String = self.nodes.iter().map(|n| n.logs(30)).collect();
-                return Err(Error::NotReady {
-                    name: self.name.clone(),
-                    what: format!("{ready} of {} nodes Ready; node logs:\n{logs}", self.nodes.len()),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    }
-
     /// The cluster's real nodes (empty unless started with `nodes(n)`).
     pub fn nodes(&self) -> &[Node] {
         &self.nodes
-    }
-
-    async fn wait_ready(&mut self) -> Result<(), Error> {
-        let client = self.client()?;
-        let deadline = Instant::now() + READY_TIMEOUT;
-        let mut last;
-        loop {
-            self.check_alive()?;
-            let req = http::Request::get("/readyz")
-                .body(Vec::new())
-                .map_err(|e| Error::NotReady {
-                    name: self.name.clone(),
-                    what: e.to_string(),
-                })?;
-            match client.request_text(req).await {
-                Ok(body) if body.trim() == "ok" => return Ok(()),
-                Ok(body) => last = body,
-                Err(err) => last = err.to_string(),
-            }
-            if Instant::now() > deadline {
-                return Err(Error::NotReady {
-                    name: self.name.clone(),
-                    what: format!("/readyz: {last}"),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    }
-
-    async fn wait_controllers(&mut self) -> Result<(), Error> {
-        let cms: Api<ConfigMap> = Api::namespaced(self.client()?, "default");
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            self.check_alive()?;
-            if let Ok(Some(_)) = cms.get_opt("kube-root-ca.crt").await {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(Error::NotReady {
-                    name: self.name.clone(),
-                    what: "kube-controller-manager did not publish default/kube-root-ca.crt".into(),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    }
-
-    /// Fails with the log tail of the first process that exited.
-    fn check_alive(&mut self) -> Result<(), Error> {
-        for p in &mut self.procs {
-            if let Some(status) = p.exited() {
-                let log = p.log_tail(30);
-                if log.contains("address already in use") {
-                    return Err(Error::PortInUse {
-                        name: p.name().to_string(),
-                    });
-                }
-                return Err(Error::Exited {
-                    name: p.name().to_string(),
-                    status,
-                    log,
-                });
-            }
-        }
-        Ok(())
     }
 
     /// Leaves the cluster running after this value is gone (a sandbox): its processes are not
@@ -465,33 +325,6 @@ impl TestCluster {
     /// `trust_serving_cas` set another bundle (a serving CA rotation).
     pub fn ca_pem(&self) -> &str {
         self.trusted.as_deref().unwrap_or(&self.pki.ca_cert)
-    }
-
-    /// Makes every client this cluster hands out (admin, users, token kubeconfigs written from
-    /// now on) trust `bundle` (PEM) to reach the API server: the clients' side of a serving CA
-    /// rotation. Client certificates and ServiceAccount tokens stay the cluster CA's.
-    pub async fn trust_serving_cas(&mut self, bundle: &str) -> Result<(), Error> {
-        self.trusted = Some(bundle.to_string());
-        let text = client_kubeconfig(
-            &self.name,
-            &self.url,
-            bundle,
-            &(self.pki.admin_cert.clone(), self.pki.admin_key.clone()),
-        );
-        write(&self.kubeconfig, &text)?;
-        self.config = kube_config(&self.kubeconfig).await?;
-        Ok(())
-    }
-
-    /// Restarts kube-apiserver with a serving certificate (same names and addresses) signed by
-    /// `ca`, another CA than the cluster's, and waits until it is ready (trust `ca` first, with
-    /// `trust_serving_cas`). The cluster CA still authenticates clients.
-    pub async fn restart_api_server_serving(&mut self, ca: &Pki) -> Result<(), Error> {
-        self.stop_api_server();
-        let d = self.dir().to_path_buf();
-        write(&d.join("serving.crt"), &ca.serving_cert)?;
-        write(&d.join("serving.key"), &ca.serving_key)?;
-        self.start_api_server().await
     }
 
     /// The kubeadm-style pin of the cluster CA.
@@ -577,86 +410,6 @@ impl TestCluster {
         let mut cmd = Command::new(tools.path("kubectl"));
         cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()));
         Ok(cmd)
-    }
-
-    /// The process ID of `process` (`etcd`, `kube-apiserver`, `kube-controller-manager`), if running.
-    pub fn pid(&self, process: &str) -> Option<u32> {
-        self.procs.iter().find(|p| p.name() == process).map(Proc::pid)
-    }
-
-    /// Stops kube-controller-manager, e.g. to observe what happens without it.
-    pub fn stop_controller_manager(&mut self) {
-        self.procs.retain(|p| p.name() != "kube-controller-manager");
-    }
-
-    /// Kills kube-apiserver (etcd keeps the data); `start_api_server` brings it back on the same
-    /// address. For fault tests: clients see refused connections meanwhile.
-    pub fn stop_api_server(&mut self) {
-        self.procs.retain(|p| p.name() != "kube-apiserver");
-    }
-
-    /// Starts kube-apiserver again with the flags it first ran with and waits until it is ready.
-    pub async fn start_api_server(&mut self) -> Result<(), Error> {
-        let d = self.dir().to_path_buf();
-        let (program, args) = &self.api_command;
-        let mut api = Command::new(program);
-        api.args(args);
-        let proc = Proc::spawn("kube-apiserver", api, &d)?;
-        // NB: right after etcd, so teardown still stops processes in reverse start order.
-        let at = self
-            .procs
-            .iter()
-            .position(|p| p.name() == "etcd")
-            .map_or(0, |i| i + 1);
-        self.procs.insert(at, proc);
-        self.wait_ready().await
-    }
-
-    /// Freezes etcd (SIGSTOP): the API server stays up but every read and write hangs until
-    /// `resume_etcd`.
-    pub fn pause_etcd(&self) -> Result<(), Error> {
-        self.signal_etcd(nix::sys::signal::Signal::SIGSTOP)
-    }
-
-    /// Lets a paused etcd run again (SIGCONT).
-    pub fn resume_etcd(&self) -> Result<(), Error> {
-        self.signal_etcd(nix::sys::signal::Signal::SIGCONT)
-    }
-
-    fn signal_etcd(&self, signal: nix::sys::signal::Signal) -> Result<(), Error> {
-        let pid = self.pid("etcd").ok_or_else(|| Error::NotReady {
-            name: self.name.clone(),
-            what: "etcd is not running".into(),
-        })?;
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX));
-        nix::sys::signal::kill(pid, signal).map_err(|e| Error::NotReady {
-            name: self.name.clone(),
-            what: format!("cannot send {signal} to etcd: {e}"),
-        })
-    }
-
-    /// The whole log of process `name` (`kube-apiserver`, `etcd`, …) as it is now.
-    pub fn log_of(&self, name: &str) -> String {
-        self.procs
-            .iter()
-            .find(|p| p.name() == name)
-            .and_then(|p| std::fs::read_to_string(p.log()).ok())
-            .unwrap_or_default()
-    }
-
-    /// The last lines of every process log, for a failure message.
-    pub fn logs(&self, lines: usize) -> String {
-        let mut out = String::new();
-        for p in &self.procs {
-            let _ = writeln!(
-                out,
-                "----- {} ({}) -----\n{}",
-                p.name(),
-                p.log().display(),
-                p.log_tail(lines)
-            );
-        }
-        out
     }
 }
 

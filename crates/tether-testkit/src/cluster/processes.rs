@@ -1,0 +1,113 @@
+//! A running test cluster's processes: stopping, restarting and pausing them for fault tests,
+//! changing what the API server serves with, and their logs.
+
+use super::*;
+
+impl TestCluster {
+    /// Makes every client this cluster hands out (admin, users, token kubeconfigs written from
+    /// now on) trust `bundle` (PEM) to reach the API server: the clients' side of a serving CA
+    /// rotation. Client certificates and ServiceAccount tokens stay the cluster CA's.
+    pub async fn trust_serving_cas(&mut self, bundle: &str) -> Result<(), Error> {
+        self.trusted = Some(bundle.to_string());
+        let text = client_kubeconfig(
+            &self.name,
+            &self.url,
+            bundle,
+            &(self.pki.admin_cert.clone(), self.pki.admin_key.clone()),
+        );
+        write(&self.kubeconfig, &text)?;
+        self.config = kube_config(&self.kubeconfig).await?;
+        Ok(())
+    }
+
+    /// Restarts kube-apiserver with a serving certificate (same names and addresses) signed by
+    /// `ca`, another CA than the cluster's, and waits until it is ready (trust `ca` first, with
+    /// `trust_serving_cas`). The cluster CA still authenticates clients.
+    pub async fn restart_api_server_serving(&mut self, ca: &Pki) -> Result<(), Error> {
+        self.stop_api_server();
+        let d = self.dir().to_path_buf();
+        write(&d.join("serving.crt"), &ca.serving_cert)?;
+        write(&d.join("serving.key"), &ca.serving_key)?;
+        self.start_api_server().await
+    }
+
+    /// The process ID of `process` (`etcd`, `kube-apiserver`, `kube-controller-manager`), if running.
+    pub fn pid(&self, process: &str) -> Option<u32> {
+        self.procs.iter().find(|p| p.name() == process).map(Proc::pid)
+    }
+
+    /// Stops kube-controller-manager, e.g. to observe what happens without it.
+    pub fn stop_controller_manager(&mut self) {
+        self.procs.retain(|p| p.name() != "kube-controller-manager");
+    }
+
+    /// Kills kube-apiserver (etcd keeps the data); `start_api_server` brings it back on the same
+    /// address. For fault tests: clients see refused connections meanwhile.
+    pub fn stop_api_server(&mut self) {
+        self.procs.retain(|p| p.name() != "kube-apiserver");
+    }
+
+    /// Starts kube-apiserver again with the flags it first ran with and waits until it is ready.
+    pub async fn start_api_server(&mut self) -> Result<(), Error> {
+        let d = self.dir().to_path_buf();
+        let (program, args) = &self.api_command;
+        let mut api = Command::new(program);
+        api.args(args);
+        let proc = Proc::spawn("kube-apiserver", api, &d)?;
+        // NB: right after etcd, so teardown still stops processes in reverse start order.
+        let at = self
+            .procs
+            .iter()
+            .position(|p| p.name() == "etcd")
+            .map_or(0, |i| i + 1);
+        self.procs.insert(at, proc);
+        self.wait_ready().await
+    }
+
+    /// Freezes etcd (SIGSTOP): the API server stays up but every read and write hangs until
+    /// `resume_etcd`.
+    pub fn pause_etcd(&self) -> Result<(), Error> {
+        self.signal_etcd(nix::sys::signal::Signal::SIGSTOP)
+    }
+
+    /// Lets a paused etcd run again (SIGCONT).
+    pub fn resume_etcd(&self) -> Result<(), Error> {
+        self.signal_etcd(nix::sys::signal::Signal::SIGCONT)
+    }
+
+    fn signal_etcd(&self, signal: nix::sys::signal::Signal) -> Result<(), Error> {
+        let pid = self.pid("etcd").ok_or_else(|| Error::NotReady {
+            name: self.name.clone(),
+            what: "etcd is not running".into(),
+        })?;
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX));
+        nix::sys::signal::kill(pid, signal).map_err(|e| Error::NotReady {
+            name: self.name.clone(),
+            what: format!("cannot send {signal} to etcd: {e}"),
+        })
+    }
+
+    /// The whole log of process `name` (`kube-apiserver`, `etcd`, …) as it is now.
+    pub fn log_of(&self, name: &str) -> String {
+        self.procs
+            .iter()
+            .find(|p| p.name() == name)
+            .and_then(|p| std::fs::read_to_string(p.log()).ok())
+            .unwrap_or_default()
+    }
+
+    /// The last lines of every process log, for a failure message.
+    pub fn logs(&self, lines: usize) -> String {
+        let mut out = String::new();
+        for p in &self.procs {
+            let _ = writeln!(
+                out,
+                "----- {} ({}) -----\n{}",
+                p.name(),
+                p.log().display(),
+                p.log_tail(lines)
+            );
+        }
+        out
+    }
+}
