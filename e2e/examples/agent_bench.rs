@@ -11,13 +11,14 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use tether_api::clusterset::LeaderSpec;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use tether_e2e::fleet::{self, audit_events};
+use tether_e2e::fleet::{self, LeaderSide, audit_events};
 use tether_testkit::{BootstrapToken, CreateToken, TestCluster};
 
 const IDLE: Duration = Duration::from_secs(60);
@@ -213,7 +214,10 @@ async fn main() {
     let nodes: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(5000);
     let churn: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(100);
     eprintln!("== agent benchmark: {nodes} nodes, {churn} node status writes/s of churn");
-    let leader = fleet::leader("bench-agent-leader", json!({})).await;
+    let leader = LeaderSide::named("bench-agent-leader")
+        .policy(LeaderSpec::default())
+        .start()
+        .await;
     let token = BootstrapToken::random();
     token
         .create(&leader.admin, Some(&tether_e2e::sim::home()), None)

@@ -13,6 +13,7 @@
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
+use tether_e2e::fleet::{LeaderSide, policy};
 
 use http::Request;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
@@ -21,7 +22,8 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use serde_json::json;
 use tether_e2e::access::{apply, grant_proxy, through, wait_tunnel};
 use tether_e2e::fleet;
-use tether_e2e::scale::{CLOCK_TICKS, cpu_ns, cpu_ticks, rss_mib, sim_join};
+use tether_e2e::probe::procfs::{CLOCK_TICKS, cpu_ns, cpu_ticks, rss_mib};
+use tether_e2e::scale::sim_join;
 use tether_e2e::sim::{HOME, join_token};
 use tether_sim::{Fleet, join_all, quantile};
 use tether_testkit::{TestCluster, free_port, lab};
@@ -77,14 +79,11 @@ async fn bench(tunnels: usize, latency_only: bool) {
         .await
         .expect("leader cluster");
     let addr = std::net::SocketAddr::from((lab::GATEWAY, free_port().expect("port")));
-    let leader = fleet::leader_with_proxy(
-        cluster,
-        json!({"heartbeatInterval": "60s", "gracePeriod": "240s"}),
-        addr,
-        15,
-        &[],
-    )
-    .await;
+    let leader = LeaderSide::on(cluster)
+        .policy(policy("60s", "240s"))
+        .proxy(addr, 15)
+        .start()
+        .await;
     let token = join_token(&leader.admin).await;
     let east =
         fleet::member_with_args("east", &leader, &token, json!({}), &["--impersonate-users=bench"]).await;

@@ -120,7 +120,7 @@ pub async fn leader_metric(leader: &LeaderSide, series: &str) -> f64 {
         .admin_get("/metrics")
         .await
         .expect("leader /metrics");
-    crate::scale::metric(&text, series)
+    crate::probe::prom::metric(&text, series)
         .unwrap_or_else(|| panic!("no {series} in the leader's metrics:\n{text}"))
 }
 

@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use tether_api::clusterset::LeaderSpec;
 use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster};
 use tether_testkit::{
     BootstrapToken, Controller, TestCluster, eventually, install_tether_crds, token_kubeconfig,
@@ -28,50 +29,107 @@ pub struct LeaderSide {
     pub controller: Controller,
 }
 
-/// Starts a leader cluster (audit log on), installs Tether's leader side with `leader_spec`,
-/// publishes `cluster-info` and runs the leader binary as its ServiceAccount.
-pub async fn leader(name: &str, leader_spec: serde_json::Value) -> LeaderSide {
-    leader_with(name, Some(leader_spec)).await
+/// A set's leader policy for a test: heartbeat interval and grace period as a set writes them
+/// (`policy("2s", "6s")`); the rest is the default, or set with struct update syntax.
+pub fn policy(heartbeat: &str, grace: &str) -> LeaderSpec {
+    LeaderSpec {
+        heartbeat_interval: duration(heartbeat),
+        grace_period: duration(grace),
+        ..LeaderSpec::default()
+    }
 }
 
-/// As `leader`, but with no ClusterSet or join RBAC when `leader_spec` is None (`tether init` makes them).
-pub async fn leader_with(name: &str, leader_spec: Option<serde_json::Value>) -> LeaderSide {
-    let cluster = TestCluster::builder(name)
-        .audit_log(true)
-        .start()
-        .await
-        .expect("leader cluster");
-    leader_on(cluster, leader_spec).await
+/// A duration as a set writes it (`10m`, `2s`).
+pub fn duration(text: &str) -> kube::core::Duration {
+    text.parse()
+        .unwrap_or_else(|e| panic!("a duration in a test: {text}: {e}"))
 }
 
-/// As `leader_with`, on a cluster the caller started.
-pub async fn leader_on(cluster: TestCluster, leader_spec: Option<serde_json::Value>) -> LeaderSide {
-    leader_on_with(cluster, leader_spec, &[]).await
+/// Where a leader starts.
+enum Cluster {
+    /// A new cluster of this name, audit log on.
+    Named(String),
+    /// One the caller started.
+    Started(Box<TestCluster>),
 }
 
-/// As `leader_on`, with `extra` flags.
-pub async fn leader_on_with(
-    cluster: TestCluster,
-    leader_spec: Option<serde_json::Value>,
-    extra: &[&str],
-) -> LeaderSide {
-    let mut args = vec!["leader", "--leader-elect=false"];
-    args.extend_from_slice(extra);
-    leader_process(cluster, leader_spec, &args, false).await
+/// How a test's leader starts: `LeaderSide::named(name)` or `LeaderSide::on(cluster)`, then
+/// `policy` (without one, no ClusterSet and no join RBAC, as before `tether init`), `proxy`
+/// (member access served on an address, Lease election on), `args`, and `start`.
+pub struct LeaderBuilder {
+    cluster: Cluster,
+    policy: Option<LeaderSpec>,
+    proxy: Option<(std::net::SocketAddr, u64)>,
+    args: Vec<String>,
 }
 
-/// A leader serving member access: `config/proxy/leader-proxy.yaml` applied, and the first
-/// replica (`leader-a`, Lease election on, lease `lease_seconds`) listening on `proxy_addr`.
-pub async fn leader_with_proxy(
-    cluster: TestCluster,
-    leader_spec: serde_json::Value,
-    proxy_addr: std::net::SocketAddr,
-    lease_seconds: u64,
-    extra: &[&str],
-) -> LeaderSide {
-    let args = proxy_args(proxy_addr, lease_seconds, extra);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    leader_process(cluster, Some(leader_spec), &args, true).await
+impl LeaderSide {
+    /// A leader on a new cluster named `name` (audit log on).
+    pub fn named(name: &str) -> LeaderBuilder {
+        LeaderBuilder::new(Cluster::Named(name.to_string()))
+    }
+
+    /// A leader on `cluster`.
+    pub fn on(cluster: TestCluster) -> LeaderBuilder {
+        LeaderBuilder::new(Cluster::Started(Box::new(cluster)))
+    }
+}
+
+impl LeaderBuilder {
+    fn new(cluster: Cluster) -> Self {
+        Self {
+            cluster,
+            policy: None,
+            proxy: None,
+            args: Vec::new(),
+        }
+    }
+
+    /// The `prod` set, with this policy, and its join RBAC.
+    pub fn policy(mut self, spec: LeaderSpec) -> Self {
+        self.policy = Some(spec);
+        self
+    }
+
+    /// Member access: `config/proxy/leader-proxy.yaml` applied, and the first replica
+    /// (`leader-a`, Lease election on, lease `lease_seconds`) serving on `addr`.
+    pub fn proxy(mut self, addr: std::net::SocketAddr, lease_seconds: u64) -> Self {
+        self.proxy = Some((addr, lease_seconds));
+        self
+    }
+
+    /// More flags of the leader process.
+    pub fn args(mut self, args: &[&str]) -> Self {
+        self.args.extend(args.iter().map(|a| a.to_string()));
+        self
+    }
+
+    /// Starts the cluster if needed, installs Tether's leader side and runs the leader binary
+    /// as its ServiceAccount.
+    pub async fn start(self) -> LeaderSide {
+        let cluster = match self.cluster {
+            Cluster::Started(c) => *c,
+            Cluster::Named(name) => TestCluster::builder(&name)
+                .audit_log(true)
+                .start()
+                .await
+                .expect("leader cluster"),
+        };
+        let extra: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        let args = match self.proxy {
+            Some((addr, lease)) => proxy_args(addr, lease, &extra),
+            None => ["leader", "--leader-elect=false"]
+                .into_iter()
+                .chain(extra)
+                .map(str::to_string)
+                .collect(),
+        };
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let spec = self
+            .policy
+            .map(|p| serde_json::to_value(p).expect("a LeaderSpec serializes"));
+        leader_process(cluster, spec, &args, self.proxy.is_some()).await
+    }
 }
 
 /// The flags of a leader replica serving member access on `proxy_addr`, and `extra`.

@@ -7,6 +7,7 @@ pub mod fleet;
 pub mod inventory;
 pub mod liveness;
 pub mod pods;
+pub mod probe;
 pub mod registry;
 pub mod scale;
 pub mod sim;

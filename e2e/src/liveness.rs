@@ -27,7 +27,6 @@ use kube::Client;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
-use serde_json::json;
 use tether_api::ManagedCluster;
 use tether_api::conditions::{ConditionType, find};
 use tether_sim::{Fleet, quantile};
@@ -35,9 +34,9 @@ use tether_testkit::{TestCluster, free_port, lab};
 use tokio_util::sync::CancellationToken;
 
 use crate::fleet::{self, LeaderSide};
-use crate::scale::{
-    CLOCK_TICKS, classify, cpu_ticks, metric, request_counts, rss_mib, sim_join, write_limit,
-};
+use crate::probe::procfs::{CLOCK_TICKS, cpu_ticks, rss_mib};
+use crate::probe::prom::{metric, request_counts};
+use crate::scale::{classify, sim_join, write_limit};
 use crate::sim::join_token;
 
 /// What to run.
@@ -285,12 +284,15 @@ pub async fn run(s: &Settings) -> Outcome {
         .into_iter()
         .find(|i| n as f64 / *i as f64 <= api_limit * 0.3)
         .unwrap_or(120);
-    let policy =
-        json!({"heartbeatInterval": format!("{interval}s"), "gracePeriod": format!("{}s", interval * 4)});
+    let policy = fleet::policy(&format!("{interval}s"), &format!("{}s", interval * 4));
     let addr = |port| std::net::SocketAddr::from((lab::GATEWAY, port));
     let (port_a, port_b) = (free_port().expect("port"), free_port().expect("port"));
     let (baseline, baseline_etcd) = held_settled(&admin, api_pid, etcd_pid, Duration::from_secs(5)).await;
-    let leader = fleet::leader_with_proxy(cluster, policy, addr(port_a), 15, &[]).await;
+    let leader = LeaderSide::on(cluster)
+        .policy(policy)
+        .proxy(addr(port_a), 15)
+        .start()
+        .await;
     let (transitions, watch) = Transitions::follow(&admin);
     let token = join_token(&admin).await;
     let join = sim_join(&leader, &token);

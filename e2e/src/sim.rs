@@ -10,6 +10,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tether_api::SetRef;
+use tether_api::clusterset::MemberCounts;
 use tether_api::registration::RegistrationResult;
 use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, MemberClusterAnnounce};
 use tether_seal::MemberCredential;
@@ -351,23 +352,22 @@ pub async fn wait_ready(admin: &Client, m: &Member, status: &str, reason: &str, 
     .await
 }
 
-/// The `prod` set's member counts `(total, ready, notReady, pending)`.
-pub async fn counts(admin: &Client) -> Result<(i32, i32, i32, i32), String> {
+/// The `prod` set's member counts.
+pub async fn counts(admin: &Client) -> Result<MemberCounts, String> {
     let set = Api::<ClusterSet>::namespaced(admin.clone(), HOME)
         .get(SET)
         .await
         .map_err(|e| e.to_string())?;
-    let c = set.status.and_then(|s| s.members).ok_or_else(|| {
+    set.status.and_then(|s| s.members).ok_or_else(|| {
         format!(
             "{} has no member counts yet",
             set.metadata.name.unwrap_or_default()
         )
-    })?;
-    Ok((c.total, c.ready, c.not_ready, c.pending))
+    })
 }
 
 /// Waits until the `prod` set's counts are `want`.
-pub async fn wait_counts(admin: &Client, want: (i32, i32, i32, i32), within: Duration) {
+pub async fn wait_counts(admin: &Client, want: MemberCounts, within: Duration) {
     eventually(&format!("set counts {want:?}"), within, || async {
         let got = counts(admin).await?;
         if got == want {

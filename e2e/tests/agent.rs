@@ -4,6 +4,7 @@
 //! credential is revoked, and leave cleanly. A wrong pin sends nothing to the leader.
 
 use std::time::{Duration, Instant};
+use tether_api::clusterset::LeaderSpec;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use kube::ResourceExt;
@@ -12,18 +13,18 @@ use serde_json::json;
 use tether_api::ClusterRegistrationRequest;
 use tether_api::about::ClusterProperty;
 use tether_e2e::fleet::{
-    self, MemberSide, add_node, audit_events, kube_system_uid, managed, nodes, ready, requests_for, wait_mc,
+    self, LeaderSide, MemberSide, add_node, audit_events, kube_system_uid, managed, nodes, policy, ready,
+    requests_for, wait_mc,
 };
 use tether_e2e::sim::{HOME, SET};
 use tether_testkit::{BootstrapToken, CreateToken, eventually};
 
 #[tokio::test]
 async fn agents_join_report_restart_recover_and_leave() {
-    let leader = fleet::leader(
-        "agent-leader",
-        json!({"heartbeatInterval": "2s", "gracePeriod": "6s"}),
-    )
-    .await;
+    let leader = LeaderSide::named("agent-leader")
+        .policy(policy("2s", "6s"))
+        .start()
+        .await;
     let token = BootstrapToken::random();
     token
         .create(&leader.admin, Some(&tether_e2e::sim::home()), None)
@@ -361,7 +362,10 @@ async fn agents_join_report_restart_recover_and_leave() {
 
 #[tokio::test]
 async fn a_wrong_pin_sends_nothing_to_the_leader() {
-    let leader = fleet::leader("pin-leader", json!({})).await;
+    let leader = LeaderSide::named("pin-leader")
+        .policy(LeaderSpec::default())
+        .start()
+        .await;
     let token = BootstrapToken::random();
     token
         .create(&leader.admin, Some(&tether_e2e::sim::home()), None)
@@ -409,7 +413,10 @@ async fn a_wrong_pin_sends_nothing_to_the_leader() {
 
 #[tokio::test]
 async fn an_expired_join_token_is_reported_with_what_to_do() {
-    let leader = fleet::leader("expired-leader", json!({})).await;
+    let leader = LeaderSide::named("expired-leader")
+        .policy(LeaderSpec::default())
+        .start()
+        .await;
     let token = BootstrapToken::random();
     token
         .create(

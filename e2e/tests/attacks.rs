@@ -25,7 +25,7 @@ use tether_api::ManagedCluster;
 use tether_e2e::access::{
     allow_impersonation, apply, get, grant_proxy, leader_metric, sealed, through, wait_tunnel,
 };
-use tether_e2e::fleet::{self, LeaderSide, MemberSide};
+use tether_e2e::fleet::{self, LeaderSide, MemberSide, policy};
 use tether_e2e::sim::{HOME, join_token, ns_of};
 use tether_e2e::{Scenario, lab_scenarios};
 use tether_testkit::{TestCluster, eventually, free_port, lab};
@@ -78,14 +78,12 @@ async fn setup() -> World {
     let port = free_port().expect("port");
     let proxy = SocketAddr::from((lab::GATEWAY, port));
     let cap = format!("--proxy-max-connections={MAX_CONNECTIONS}");
-    let leader = fleet::leader_with_proxy(
-        cluster,
-        json!({"heartbeatInterval": "2s", "gracePeriod": "6s"}),
-        proxy,
-        4,
-        &[&cap],
-    )
-    .await;
+    let leader = LeaderSide::on(cluster)
+        .policy(policy("2s", "6s"))
+        .proxy(proxy, 4)
+        .args(&[&cap])
+        .start()
+        .await;
     let token = join_token(&leader.admin).await;
     let east =
         fleet::member_with_args("east", &leader, &token, json!({}), &["--impersonate-users=alice"]).await;
@@ -101,7 +99,7 @@ async fn setup() -> World {
         Duration::from_secs(10),
         || async {
             let (_, text) = agent.admin_get("/metrics").await.map_err(|e| e.to_string())?;
-            match tether_e2e::scale::metric(&text, "tether_agent_tunnel_attached") {
+            match tether_e2e::probe::prom::metric(&text, "tether_agent_tunnel_attached") {
                 Some(1.0) => Ok(()),
                 other => Err(format!("{other:?}")),
             }
@@ -134,7 +132,7 @@ async fn an_anonymous_caller_cannot_rejoin_as_a_member_nor_learn_who_is_one(w: &
             .admin_get("/metrics")
             .await
             .expect("leader /metrics");
-        tether_e2e::scale::metric(&text, series).unwrap_or(0.0)
+        tether_e2e::probe::prom::metric(&text, series).unwrap_or(0.0)
     };
     let challenges = "tether_leader_proxy_requests_total{result=\"rejoin_challenge\"}";
     let rejoined = counted(challenges).await;
@@ -610,7 +608,7 @@ async fn trickled_post(w: &World, path: &str) -> Result<u16, String> {
 
 async fn trickled_request_bodies_are_bounded_and_others_are_served(w: &World) {
     let agent = w.east.agent.as_ref().expect("east's agent").pid();
-    let before = tether_e2e::scale::rss_mib(agent, "VmRSS");
+    let before = tether_e2e::probe::procfs::rss_mib(agent, "VmRSS");
     let path = format!(
         "{}/api/v1/namespaces/default/configmaps",
         tether_tunnel::proxy_path(&ns_of("east"), "east")
@@ -626,7 +624,7 @@ async fn trickled_request_bodies_are_bounded_and_others_are_served(w: &World) {
         tokio::select! {
             r = &mut attack => break r,
             _ = tokio::time::sleep(Duration::from_secs(2)) => {
-                peak = peak.max(tether_e2e::scale::rss_mib(agent, "VmRSS"));
+                peak = peak.max(tether_e2e::probe::procfs::rss_mib(agent, "VmRSS"));
                 let t = Instant::now();
                 let ok = get(&alice, "/api/v1/namespaces/default", &[]).await.is_ok();
                 served.push((ok, t.elapsed()));
@@ -681,7 +679,7 @@ async fn revoked(w: &World, reason: &str, before: f64, since: Instant) -> Durati
                 .admin_get("/metrics")
                 .await
                 .map_err(|e| e.to_string())?;
-            let now = tether_e2e::scale::metric(&text, &series).unwrap_or(0.0);
+            let now = tether_e2e::probe::prom::metric(&text, &series).unwrap_or(0.0);
             if now > before {
                 Ok(since.elapsed())
             } else {
@@ -703,7 +701,7 @@ async fn revocations(w: &World, reason: &str) -> f64 {
 /// The leader's counter `series`, 0 while it has not counted anything.
 async fn counter(w: &World, series: &str) -> f64 {
     let (_, text) = w.leader.controller.admin_get("/metrics").await.expect("metrics");
-    tether_e2e::scale::metric(&text, series).unwrap_or(0.0)
+    tether_e2e::probe::prom::metric(&text, series).unwrap_or(0.0)
 }
 
 async fn deleting_the_agents_service_account_closes_its_tunnel_within_10_s(w: &World) {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 use tether_api::ManagedCluster;
-use tether_e2e::fleet::{self, LeaderSide, MemberSide, ready, wait_mc};
+use tether_e2e::fleet::{self, LeaderSide, MemberSide, policy, ready, wait_mc};
 use tether_testkit::controller::binary;
 use tether_testkit::eventually;
 use tether_testkit::pki::Pki;
@@ -63,11 +63,10 @@ async fn moved_to(m: &MemberSide) -> Option<String> {
 
 #[tokio::test]
 async fn members_follow_a_new_leader_url_and_stay_ready_when_the_old_address_goes() {
-    let mut leader = fleet::leader(
-        "url-leader",
-        json!({"heartbeatInterval": "2s", "gracePeriod": "8s"}),
-    )
-    .await;
+    let mut leader = LeaderSide::named("url-leader")
+        .policy(policy("2s", "8s"))
+        .start()
+        .await;
     let new_url = leader.cluster.url().to_string();
     let api_addr = new_url.trim_start_matches("https://").to_string();
     let old = Forwarder::start(api_addr).await;
@@ -261,11 +260,10 @@ async fn heartbeats_after(leader: &LeaderSide, names: &[&str], since: Timestamp,
 
 #[tokio::test]
 async fn the_leaders_serving_ca_rotates_with_an_overlap_and_no_member_leaves_ready() {
-    let mut leader = fleet::leader(
-        "ca-leader",
-        json!({"heartbeatInterval": "2s", "gracePeriod": "30s"}),
-    )
-    .await;
+    let mut leader = LeaderSide::named("ca-leader")
+        .policy(policy("2s", "30s"))
+        .start()
+        .await;
     let dir = leader.cluster.dir().to_path_buf();
     let (old_ca, old_pin) = (
         leader.cluster.ca_pem().to_string(),

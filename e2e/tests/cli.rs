@@ -5,11 +5,12 @@
 use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
+use tether_api::clusterset::LeaderSpec;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, ListParams};
 use tether_api::{ClusterSet, ManagedCluster};
-use tether_e2e::fleet::{self, MemberSide};
+use tether_e2e::fleet::{self, LeaderSide, MemberSide, policy};
 use tether_e2e::sim::{HOME, SET};
 use tether_testkit::controller::binary;
 use tether_testkit::{Tools, eventually};
@@ -95,7 +96,7 @@ async fn no_member_set(m: &MemberSide) {
 
 #[tokio::test]
 async fn init_join_status_leave_destroy_with_failures_that_leave_nothing_behind() {
-    let leader = fleet::leader_with("cli-leader", None).await;
+    let leader = LeaderSide::named("cli-leader").start().await;
     let (mut east, mut west) = tokio::join!(fleet::bare_member("east"), fleet::bare_member("west"));
     let lk = leader.cluster.kubeconfig().to_path_buf();
 
@@ -377,7 +378,7 @@ async fn without_bootstrap_tokens_init_falls_back_to_a_service_account_token_and
         .start()
         .await
         .expect("leader");
-    let leader = fleet::leader_on(cluster, None).await;
+    let leader = LeaderSide::on(cluster).start().await;
     let mut east = fleet::bare_member("east-sa").await;
     east.start_agent();
     let lk = leader.cluster.kubeconfig().to_path_buf();
@@ -494,7 +495,7 @@ fn helm(args: &[String]) -> Output {
 
 #[tokio::test]
 async fn every_command_init_prints_works_as_printed_for_a_set_outside_tether_system() {
-    let leader = fleet::leader_with("cli-produs", None).await;
+    let leader = LeaderSide::named("cli-produs").start().await;
     let (mut east, mut west) = tokio::join!(fleet::bare_member("east-us"), fleet::bare_member("west-us"));
     east.start_agent();
     west.start_agent();
@@ -574,7 +575,7 @@ async fn every_command_init_prints_works_as_printed_for_a_set_outside_tether_sys
 /// --config-file` and the agent chart with `-f` (rendered here; the node tier installs it).
 #[tokio::test]
 async fn the_join_file_from_init_works_verbatim_with_tether_join_and_with_helm() {
-    let leader = fleet::leader_with("cli-file", None).await;
+    let leader = LeaderSide::named("cli-file").start().await;
     let (mut east, mut west) = tokio::join!(fleet::bare_member("east"), fleet::bare_member("west"));
     east.start_agent();
     west.start_agent();
@@ -655,7 +656,10 @@ async fn the_join_file_from_init_works_verbatim_with_tether_join_and_with_helm()
 #[tokio::test]
 async fn leave_and_destroy_force_work_when_the_other_side_is_gone() {
     use tether_api::about::ClusterProperty;
-    let mut leader = fleet::leader("cli-gone", serde_json::json!({})).await;
+    let mut leader = LeaderSide::named("cli-gone")
+        .policy(LeaderSpec::default())
+        .start()
+        .await;
     let token = tether_e2e::sim::join_token(&leader.admin).await;
     let (mut east, mut west) = tokio::join!(
         fleet::member("east", &leader, &token, serde_json::json!({})),
@@ -742,11 +746,10 @@ async fn leave_and_destroy_force_work_when_the_other_side_is_gone() {
 #[tokio::test]
 async fn member_remove_ban_list_and_unban() {
     use tether_api::registration::{RegistrationReason, RegistrationResult};
-    let leader = fleet::leader(
-        "cli-member",
-        serde_json::json!({"heartbeatInterval": "2s", "gracePeriod": "6s"}),
-    )
-    .await;
+    let leader = LeaderSide::named("cli-member")
+        .policy(policy("2s", "6s"))
+        .start()
+        .await;
     let token = tether_e2e::sim::join_token(&leader.admin).await;
     let mut east = fleet::member("east", &leader, &token, serde_json::json!({})).await;
     let ready = |leader: &fleet::LeaderSide| {

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams};
 use serde_json::json;
 use tether_e2e::access::{allow_impersonation, apply, get, grant_proxy, through, wait_tunnel};
-use tether_e2e::fleet::{self, ready, wait_mc};
+use tether_e2e::fleet::{self, LeaderSide, policy, ready, wait_mc};
 use tether_e2e::sim::{HOME, SET, join_token, ns_of};
 use tether_testkit::{TestCluster, eventually, free_port, lab, tools};
 
@@ -58,14 +58,11 @@ async fn compat() {
         .await
         .expect("leader cluster");
     let addr = std::net::SocketAddr::from((lab::GATEWAY, free_port().expect("port")));
-    let leader = fleet::leader_with_proxy(
-        cluster,
-        json!({"heartbeatInterval": "2s", "gracePeriod": "6s"}),
-        addr,
-        4,
-        &[],
-    )
-    .await;
+    let leader = LeaderSide::on(cluster)
+        .policy(policy("2s", "6s"))
+        .proxy(addr, 4)
+        .start()
+        .await;
     assert_eq!(server_version(&leader.admin).await, leader_version);
     let token = join_token(&leader.admin).await;
     let member = fleet::member_on(

@@ -5,6 +5,7 @@
 //! registers twice.
 
 use std::time::{Duration, Instant};
+use tether_api::clusterset::LeaderSpec;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
@@ -24,12 +25,16 @@ use tether_testkit::{BootstrapToken, CreateToken, eventually};
 const HEARTBEAT: Duration = Duration::from_secs(2);
 const GRACE: Duration = Duration::from_secs(6);
 
-fn timings() -> serde_json::Value {
-    json!({"heartbeatInterval": format!("{}s", HEARTBEAT.as_secs()), "gracePeriod": format!("{}s", GRACE.as_secs())})
+fn timings() -> LeaderSpec {
+    LeaderSpec {
+        heartbeat_interval: HEARTBEAT.into(),
+        grace_period: GRACE.into(),
+        ..LeaderSpec::default()
+    }
 }
 
 async fn fleet_of(leader: &str, members: &[&str]) -> (LeaderSide, BootstrapToken, Vec<MemberSide>) {
-    let leader = fleet::leader(leader, timings()).await;
+    let leader = LeaderSide::named(leader).policy(timings()).start().await;
     let token = BootstrapToken::random();
     token
         .create(&leader.admin, Some(&tether_e2e::sim::home()), None)
@@ -330,7 +335,10 @@ async fn an_agent_that_lost_its_key_and_credential_rejoins_as_the_same_cluster()
 
 #[tokio::test]
 async fn two_agent_replicas_hand_over_without_registering_twice() {
-    let leader = fleet::leader("replicas-leader", timings()).await;
+    let leader = LeaderSide::named("replicas-leader")
+        .policy(timings())
+        .start()
+        .await;
     let token = BootstrapToken::random();
     token
         .create(&leader.admin, Some(&tether_e2e::sim::home()), None)

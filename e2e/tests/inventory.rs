@@ -17,6 +17,7 @@
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
+use tether_api::clusterset::{InventoryNamespace, InventorySpec, LeaderSpec};
 
 use base64::Engine as _;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -27,7 +28,7 @@ use tether_api::about::ClusterProperty;
 use tether_api::inventory::{ClusterProfile, EXEC_EXTENSION, ExecExtension};
 use tether_e2e::access::wait_tunnel;
 use tether_e2e::create_namespace;
-use tether_e2e::fleet::{self, LeaderSide, managed};
+use tether_e2e::fleet::{self, LeaderSide, duration, managed};
 use tether_e2e::inventory::{
     CONSUMER, INVENTORY, OUTSIDER, consumers_reach_members, profiles, tether,
     upstream_consumer_sees_every_member,
@@ -258,9 +259,20 @@ async fn inventory() {
         .await
         .expect("leader cluster");
     let addr = std::net::SocketAddr::from((lab::GATEWAY, free_port().expect("port")));
-    let policy = json!({"tunnelPingInterval": "1s", "tunnelPingMisses": 2,
-                        "inventory": {"namespaces": [INVENTORY]}});
-    let leader = fleet::leader_with_proxy(cluster, policy, addr, 4, &["--cluster-profiles"]).await;
+    let policy = LeaderSpec {
+        tunnel_ping_interval: duration("1s"),
+        tunnel_ping_misses: 2,
+        inventory: Some(InventorySpec {
+            namespaces: vec![InventoryNamespace(INVENTORY.into())],
+        }),
+        ..LeaderSpec::default()
+    };
+    let leader = LeaderSide::on(cluster)
+        .policy(policy)
+        .proxy(addr, 4)
+        .args(&["--cluster-profiles"])
+        .start()
+        .await;
     install_cluster_profiles(&leader).await;
     let admin = leader.admin.clone();
     let token = join_token(&admin).await;

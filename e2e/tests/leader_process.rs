@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams};
 use serde_json::json;
 use tether_api::ManagedCluster;
+use tether_api::clusterset::MemberCounts;
 use tether_e2e::sim::{self, HOME, join, wait_counts};
 use tether_testkit::{Controller, eventually, token_kubeconfig};
 
@@ -70,7 +71,16 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_after_a_crash() 
     assert_eq!(holder(&leases).await.as_deref(), Some(names[first]));
 
     let east = join(&cluster, &admin, "east", "id-east").await;
-    wait_counts(&admin, (1, 0, 1, 0), Duration::from_secs(15)).await;
+    wait_counts(
+        &admin,
+        MemberCounts {
+            total: 1,
+            not_ready: 1,
+            ..MemberCounts::default()
+        },
+        Duration::from_secs(15),
+    )
+    .await;
     // Approved, no heartbeat yet: east's series is 0 on both replicas (the standby's cache too).
     for r in &replicas {
         eventually("east's member_ready series", Duration::from_secs(15), || async {
@@ -109,7 +119,16 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_after_a_crash() 
     let west = join(&cluster, &admin, "west", "id-west").await;
     east.heartbeat().await.expect("east's credential still works");
     west.heartbeat().await.expect("west's credential works");
-    wait_counts(&admin, (2, 2, 0, 0), Duration::from_secs(15)).await;
+    wait_counts(
+        &admin,
+        MemberCounts {
+            total: 2,
+            ready: 2,
+            ..MemberCounts::default()
+        },
+        Duration::from_secs(15),
+    )
+    .await;
     let namespaces = Api::<Namespace>::all(admin.clone())
         .list(&ListParams::default().labels(tether_api::labels::CLUSTER_SET))
         .await

@@ -14,7 +14,7 @@ use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, PostParams};
 use kube::core::GroupVersionKind;
 use serde_json::json;
 use tether_e2e::access::wait_tunnel;
-use tether_e2e::fleet::{self, LeaderSide};
+use tether_e2e::fleet::{self, LeaderSide, policy};
 use tether_e2e::sim::join_token;
 use tether_testkit::{TestCluster, Tools, eventually, free_port, lab};
 
@@ -134,14 +134,11 @@ async fn lifecycle() {
         .expect("leader cluster");
     let addr = std::net::SocketAddr::from((lab::GATEWAY, free_port().expect("port")));
     let proxy_args = fleet::proxy_args(addr, 4, &[]);
-    let mut leader = fleet::leader_with_proxy(
-        cluster,
-        json!({"heartbeatInterval": "2s", "gracePeriod": "8s"}),
-        addr,
-        4,
-        &[],
-    )
-    .await;
+    let mut leader = LeaderSide::on(cluster)
+        .policy(policy("2s", "8s"))
+        .proxy(addr, 4)
+        .start()
+        .await;
     let token = join_token(&leader.admin).await;
     let _east = fleet::member("east", &leader, &token, json!({})).await;
     step("the serving replica registers the APIService; east's tunnel attaches");

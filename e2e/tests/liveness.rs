@@ -15,6 +15,7 @@
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
+use tether_api::clusterset::LeaderSpec;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
@@ -23,7 +24,7 @@ use serde_json::json;
 use tether_api::MemberClusterAnnounce;
 use tether_api::conditions::{ConditionType, find};
 use tether_e2e::access::wait_tunnel;
-use tether_e2e::fleet::{self, LeaderSide, managed};
+use tether_e2e::fleet::{self, LeaderSide, duration, managed};
 use tether_e2e::sim::{join_token, ns_of};
 use tether_testkit::{TestCluster, eventually, free_port, lab};
 
@@ -49,9 +50,13 @@ const DETECTION: Duration = Duration::from_secs(3);
 /// status write, and this test's polling).
 const SLACK: Duration = Duration::from_secs(3);
 
-fn policy() -> serde_json::Value {
-    json!({"heartbeatInterval": "2s", "gracePeriod": "6s", "tunnelHeartbeatInterval": "1m",
-           "tunnelPingInterval": format!("{}s", PING.as_secs()), "tunnelPingMisses": 2})
+fn policy() -> LeaderSpec {
+    LeaderSpec {
+        tunnel_heartbeat_interval: duration("1m"),
+        tunnel_ping_interval: PING.into(),
+        tunnel_ping_misses: 2,
+        ..fleet::policy("2s", "6s")
+    }
 }
 
 /// Member `name`'s Ready condition: status and reason.
@@ -149,7 +154,11 @@ async fn liveness() {
         .expect("leader cluster");
     let addr = |port| std::net::SocketAddr::from((lab::GATEWAY, port));
     let (port_a, port_b) = (free_port().expect("port"), free_port().expect("port"));
-    let mut leader: LeaderSide = fleet::leader_with_proxy(cluster, policy(), addr(port_a), 4, &[]).await;
+    let mut leader: LeaderSide = LeaderSide::on(cluster)
+        .policy(policy())
+        .proxy(addr(port_a), 4)
+        .start()
+        .await;
     let admin = leader.admin.clone();
     let token = join_token(&admin).await;
     let (east, west, north) = futures::join!(
@@ -253,7 +262,7 @@ async fn liveness() {
         Duration::from_secs(30),
         || async {
             let (_, text) = b.admin_get("/metrics").await.map_err(|e| e.to_string())?;
-            match tether_e2e::scale::metric(&text, "tether_leader_tunnels") {
+            match tether_e2e::probe::prom::metric(&text, "tether_leader_tunnels") {
                 Some(2.0) => Ok(()),
                 other => Err(format!("tunnels at the new leader: {other:?}")),
             }

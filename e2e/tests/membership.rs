@@ -11,6 +11,7 @@ use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use tether_api::clusterset::MemberCounts;
 use tether_api::registration::{RegistrationReason, RegistrationResult};
 use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, labels};
 use tether_e2e::sim::{self, HOME, Leader, SET, join, register, wait_counts, wait_ready};
@@ -87,7 +88,16 @@ async fn silent_member_goes_unknown_within_grace_and_recovers_without_leader_wri
         Duration::from_secs(10),
     )
     .await;
-    wait_counts(&l.admin, (1, 1, 0, 0), Duration::from_secs(10)).await;
+    wait_counts(
+        &l.admin,
+        MemberCounts {
+            total: 1,
+            ready: 1,
+            ..MemberCounts::default()
+        },
+        Duration::from_secs(10),
+    )
+    .await;
 
     // Steady state: heartbeats flow, and neither the ManagedCluster nor the set is written.
     let mcs = Api::<ManagedCluster>::namespaced(l.admin.clone(), &east.namespace);
@@ -129,7 +139,16 @@ async fn silent_member_goes_unknown_within_grace_and_recovers_without_leader_wri
     let detected = stopped.elapsed();
     eprintln!("member loss detected {detected:?} after the last heartbeat (gracePeriod 4s)");
     wait_event(&l.admin, "east", "MemberLost").await;
-    wait_counts(&l.admin, (1, 0, 1, 0), Duration::from_secs(10)).await;
+    wait_counts(
+        &l.admin,
+        MemberCounts {
+            total: 1,
+            not_ready: 1,
+            ..MemberCounts::default()
+        },
+        Duration::from_secs(10),
+    )
+    .await;
     let set = l.set().await;
     let summary = &set.status.expect("status").member_summary;
     assert_eq!(
@@ -148,7 +167,16 @@ async fn silent_member_goes_unknown_within_grace_and_recovers_without_leader_wri
     )
     .await;
     wait_event(&l.admin, "east", "MemberRecovered").await;
-    wait_counts(&l.admin, (1, 1, 0, 0), Duration::from_secs(10)).await;
+    wait_counts(
+        &l.admin,
+        MemberCounts {
+            total: 1,
+            ready: 1,
+            ..MemberCounts::default()
+        },
+        Duration::from_secs(10),
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -156,11 +184,29 @@ async fn member_that_leaves_is_removed_with_its_namespace_and_request() {
     let l = Leader::start("members-leave", json!({})).await;
     let east = join(&l.cluster, &l.admin, "east", "id-east").await;
     let west = join(&l.cluster, &l.admin, "west", "id-west").await;
-    wait_counts(&l.admin, (2, 0, 2, 0), Duration::from_secs(10)).await;
+    wait_counts(
+        &l.admin,
+        MemberCounts {
+            total: 2,
+            not_ready: 2,
+            ..MemberCounts::default()
+        },
+        Duration::from_secs(10),
+    )
+    .await;
 
     east.leave().await.expect("east deletes its announce");
     wait_gone(&l.admin, &east.namespace).await;
-    wait_counts(&l.admin, (1, 0, 1, 0), Duration::from_secs(10)).await;
+    wait_counts(
+        &l.admin,
+        MemberCounts {
+            total: 1,
+            not_ready: 1,
+            ..MemberCounts::default()
+        },
+        Duration::from_secs(10),
+    )
+    .await;
     wait_event(&l.admin, SET, "MemberLeft").await;
     let requests = Api::<ClusterRegistrationRequest>::namespaced(l.admin.clone(), HOME);
     assert!(
@@ -187,7 +233,17 @@ async fn member_that_leaves_is_removed_with_its_namespace_and_request() {
     let again = join(&l.cluster, &l.admin, "east", "id-east").await;
     assert_eq!(again.namespace, east.namespace);
     // West heartbeated once above, so it is Ready; the new east awaits its first heartbeat.
-    wait_counts(&l.admin, (2, 1, 1, 0), Duration::from_secs(20)).await;
+    wait_counts(
+        &l.admin,
+        MemberCounts {
+            total: 2,
+            ready: 1,
+            not_ready: 1,
+            ..MemberCounts::default()
+        },
+        Duration::from_secs(20),
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -210,7 +266,7 @@ async fn member_silent_past_member_expiry_is_removed() {
     drop(beating);
     wait_gone(&l.admin, &east.namespace).await;
     wait_event(&l.admin, SET, "MemberExpired").await;
-    wait_counts(&l.admin, (0, 0, 0, 0), Duration::from_secs(10)).await;
+    wait_counts(&l.admin, MemberCounts::default(), Duration::from_secs(10)).await;
 }
 
 #[tokio::test]
@@ -338,7 +394,16 @@ async fn a_replica_that_is_not_the_leader_writes_nothing() {
         }
     })
     .await;
-    wait_counts(&l.admin, (1, 0, 1, 0), Duration::from_secs(10)).await;
+    wait_counts(
+        &l.admin,
+        MemberCounts {
+            total: 1,
+            not_ready: 1,
+            ..MemberCounts::default()
+        },
+        Duration::from_secs(10),
+    )
+    .await;
 }
 
 /// AgentVersionSupported of a member's ManagedCluster: `(status, reason, message)`.

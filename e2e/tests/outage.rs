@@ -11,6 +11,7 @@
 
 use std::process::{ExitCode, Output};
 use std::time::{Duration, Instant};
+use tether_api::clusterset::LeaderSpec;
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -19,7 +20,9 @@ use kube::api::{Api, ListParams};
 use serde_json::json;
 use tether_api::registration::{RegistrationReason, RegistrationResult};
 use tether_api::{ClusterRegistrationRequest, ClusterSet};
-use tether_e2e::fleet::{self, credential_expiry, kube_system_uid, managed, ready, wait_mc};
+use tether_e2e::fleet::{
+    self, LeaderSide, credential_expiry, duration, kube_system_uid, managed, ready, wait_mc,
+};
 use tether_e2e::sim::{HOME, SET, ns_of};
 use tether_testkit::controller::binary;
 use tether_testkit::{BootstrapToken, CreateToken, TestCluster, eventually, free_port, lab};
@@ -77,14 +80,16 @@ async fn outage() {
         .await
         .expect("leader cluster");
     let addr = std::net::SocketAddr::from((lab::GATEWAY, free_port().expect("port")));
-    let mut leader = fleet::leader_with_proxy(
-        cluster,
-        json!({"heartbeatInterval": "5s", "gracePeriod": format!("{}s", GRACE.as_secs()), "credentialTTL": "10m"}),
-        addr,
-        4,
-        &[],
-    )
-    .await;
+    let mut leader = LeaderSide::on(cluster)
+        .policy(LeaderSpec {
+            heartbeat_interval: duration("5s"),
+            grace_period: duration(&format!("{}s", GRACE.as_secs())),
+            credential_ttl: duration("10m"),
+            ..LeaderSpec::default()
+        })
+        .proxy(addr, 4)
+        .start()
+        .await;
     // Valid when the members join, expired long before the leader is back.
     let token = BootstrapToken::random();
     let token_expiry = Timestamp::now() + SignedDuration::from_secs(180);

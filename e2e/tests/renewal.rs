@@ -9,12 +9,16 @@
 //! `--ignored` beside the other tests.
 
 use std::time::{Duration, Instant};
+use tether_api::clusterset::LeaderSpec;
 
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ListParams};
 use serde_json::json;
-use tether_e2e::fleet::{self, credential_expiry, kube_system_uid, managed, ready, requests_for, wait_mc};
+use tether_e2e::fleet::{
+    self, LeaderSide, credential_expiry, duration, kube_system_uid, managed, policy, ready, requests_for,
+    wait_mc,
+};
 use tether_e2e::sim::{HOME, SET, ns_of};
 use tether_testkit::{BootstrapToken, Controller, CreateToken, eventually};
 
@@ -37,11 +41,13 @@ async fn metric(agent: &Controller, name: &str, result: &str) -> f64 {
 #[tokio::test]
 #[ignore = "about 14 minutes; `make test` runs it with --ignored beside the other tests"]
 async fn credentials_renew_before_expiry_and_agents_offline_past_it_come_back() {
-    let leader = fleet::leader(
-        "renewal-leader",
-        json!({"heartbeatInterval": "5s", "gracePeriod": "15s", "credentialTTL": "10m"}),
-    )
-    .await;
+    let leader = LeaderSide::named("renewal-leader")
+        .policy(LeaderSpec {
+            credential_ttl: duration("10m"),
+            ..policy("5s", "15s")
+        })
+        .start()
+        .await;
     let home = tether_e2e::sim::home();
     let token = BootstrapToken::random();
     token

@@ -7,13 +7,14 @@
 //! and a member's change costs one write.
 
 use std::time::Duration;
+use tether_api::clusterset::LeaderSpec;
+use tether_api::clusterset::MemberCounts;
+use tether_e2e::fleet::{LeaderSide, duration, policy};
 
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::Api;
-use serde_json::json;
 use tether_api::ClusterRegistrationRequest;
-use tether_e2e::fleet;
 use tether_e2e::scale::{Settings, run};
 use tether_e2e::sim::{HOME, join_token, wait_counts};
 use tether_sim::Fleet;
@@ -123,11 +124,10 @@ async fn scale_benchmark_smoke_run() {
 /// then five members join, heartbeat and leave again with `--leave`.
 #[tokio::test]
 async fn tether_sim_binary_joins_heartbeats_and_leaves() {
-    let leader = fleet::leader(
-        "sim-binary",
-        json!({"heartbeatInterval": "2s", "gracePeriod": "8s"}),
-    )
-    .await;
+    let leader = LeaderSide::named("sim-binary")
+        .policy(policy("2s", "8s"))
+        .start()
+        .await;
     let token = join_token(&leader.admin).await;
     // The leader publishes its CA for anonymous discovery shortly after it starts.
     let anonymous = leader.cluster.anonymous_client().expect("anonymous client");
@@ -168,7 +168,16 @@ async fn tether_sim_binary_joins_heartbeats_and_leaves() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("start tether-sim");
-    wait_counts(&leader.admin, (5, 5, 0, 0), Duration::from_secs(60)).await;
+    wait_counts(
+        &leader.admin,
+        MemberCounts {
+            total: 5,
+            ready: 5,
+            ..MemberCounts::default()
+        },
+        Duration::from_secs(60),
+    )
+    .await;
     let out = tokio::task::spawn_blocking(move || child.wait_with_output())
         .await
         .expect("join")
@@ -189,18 +198,20 @@ async fn tether_sim_binary_joins_heartbeats_and_leaves() {
         .expect("heartbeat count");
     // Five members, one beat at join, then one every 2 s ± 10% for 6 s.
     assert!(accepted >= 10, "{stdout}");
-    wait_counts(&leader.admin, (0, 0, 0, 0), Duration::from_secs(60)).await;
+    wait_counts(&leader.admin, MemberCounts::default(), Duration::from_secs(60)).await;
 }
 
 /// A simulated member renews its credential with the agent's code (one TokenRequest, then every
 /// request on the new token), and a renewal the leader refuses is counted as failed.
 #[tokio::test]
 async fn a_simulated_member_renews_its_credential_with_the_agents_code() {
-    let leader = fleet::leader(
-        "sim-renewal",
-        json!({"heartbeatInterval": "2s", "gracePeriod": "8s", "credentialTTL": "10m"}),
-    )
-    .await;
+    let leader = LeaderSide::named("sim-renewal")
+        .policy(LeaderSpec {
+            credential_ttl: duration("10m"),
+            ..policy("2s", "8s")
+        })
+        .start()
+        .await;
     let token = join_token(&leader.admin).await;
     let join = tether_e2e::scale::sim_join(&leader, &token);
     let sim = eventually("the leader's CA published", Duration::from_secs(30), || async {

@@ -1,0 +1,55 @@
+//! Prometheus text as the benchmarks read it: one series' value, and the API server's write
+//! counts by resource.
+
+use std::collections::{BTreeMap, HashMap};
+
+use kube::Client;
+
+/// The value of the series `series` (name and labels, as printed) in Prometheus or OpenMetrics
+/// text `text`.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// `apiserver_request_total` of write verbs, by `resource[/subresource]`.
+pub(crate) async fn request_counts(admin: &Client) -> BTreeMap<String, f64> {
+    let req = http::Request::get("/metrics").body(vec![]).expect("request");
+    let text = admin.request_text(req).await.expect("API server /metrics");
+    parse_request_counts(&text)
+}
+
+/// Sums `apiserver_request_total` samples of write verbs by `resource[/subresource]`.
+pub fn parse_request_counts(text: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+        let Some((labels, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let labels: HashMap<&str, &str> = labels
+            .trim_start_matches("apiserver_request_total{")
+            .trim_end_matches('}')
+            .split("\",")
+            .filter_map(|kv| kv.split_once("=\""))
+            .map(|(k, v)| (k, v.trim_end_matches('"')))
+            .collect();
+        let label = |name: &str| labels.get(name).copied().unwrap_or_default();
+        if !matches!(
+            label("verb"),
+            "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE" | "DELETECOLLECTION"
+        ) {
+            continue;
+        }
+        let mut what = label("resource").to_string();
+        if !label("subresource").is_empty() {
+            what = format!("{what}/{}", label("subresource"));
+        }
+        // NB: a collection delete in a namespace (the namespace controller emptying a member's
+        // namespace) is counted apart from deletes of one object.
+        if label("verb") == "DELETE" && label("scope") == "namespace" {
+            what.push_str(" (collection)");
+        }
+        *out.entry(what).or_default() += value.parse::<f64>().unwrap_or(0.0);
+    }
+    out
+}
