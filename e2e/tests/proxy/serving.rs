@@ -5,10 +5,7 @@ pub(crate) async fn a_rotated_front_proxy_ca_is_trusted_without_a_restart(w: &Wo
     let leader = w.leader.lock().await;
     let alice = alice(&leader).await;
     let proxy_at = w.proxy_a;
-    let rotated = tether_testkit::pki::Pki::generate("rotated-front-proxy").expect("new CA");
-    let identity = rotated
-        .client_cert(tether_testkit::cluster::FRONT_PROXY_CLIENT, None)
-        .expect("client cert");
+    let (rotated, identity) = rotated_front_proxy();
     let before = front_proxy_get(&leader, proxy_at, &identity).await;
     assert!(
         !before.starts_with("HTTP/1.1 200"),
@@ -54,10 +51,7 @@ pub(crate) async fn an_unusable_front_proxy_configmap_keeps_the_last_good_trust(
     let leader = w.leader.lock().await;
     let alice = alice(&leader).await;
     let proxy_at = w.proxy_a;
-    let rotated = tether_testkit::pki::Pki::generate("rotated-front-proxy").expect("new CA");
-    let identity = rotated
-        .client_cert(tether_testkit::cluster::FRONT_PROXY_CLIENT, None)
-        .expect("client cert");
+    let (_, identity) = rotated_front_proxy();
     let trust = FrontProxyTrust::read(&leader).await;
     let (old_ca, set_ca) = (trust.old_ca.clone(), |pem| trust.set(pem));
     set_ca("not a certificate".into()).await;
@@ -149,7 +143,7 @@ pub(crate) async fn a_refused_renewal_is_counted_and_retried_while_the_trust_is_
     let leader = w.leader.lock().await;
     let alice = alice(&leader).await;
     let proxy_at = w.proxy_a;
-    let rotated = tether_testkit::pki::Pki::generate("rotated-front-proxy").expect("new CA");
+    let (rotated, _) = rotated_front_proxy();
     let trust = FrontProxyTrust::read(&leader).await;
     let (old_ca, set_ca) = (trust.old_ca.clone(), |pem| trust.set(pem));
     let roles = Api::<Role>::namespaced(leader.admin.clone(), HOME);
@@ -315,4 +309,13 @@ pub(crate) async fn after_a_failover_the_standby_serves_and_updates_an_old_agent
         },
     )
     .await;
+}
+
+/// A front-proxy CA the API server does not know, and a front-proxy client certificate of it.
+fn rotated_front_proxy() -> (tether_testkit::pki::Pki, (String, String)) {
+    let rotated = tether_testkit::pki::Pki::generate("rotated-front-proxy").expect("new CA");
+    let identity = rotated
+        .client_cert(tether_testkit::cluster::FRONT_PROXY_CLIENT, None)
+        .expect("client cert");
+    (rotated, identity)
 }
