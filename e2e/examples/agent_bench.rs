@@ -11,13 +11,13 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use tether_api::clusterset::LeaderSpec;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use tether_api::clusterset::LeaderSpec;
 use tether_e2e::fleet::{self, LeaderSide, audit_events};
 use tether_testkit::{BootstrapToken, CreateToken, TestCluster};
 

@@ -4,7 +4,6 @@
 //! credential is revoked, and leave cleanly. A wrong pin sends nothing to the leader.
 
 use std::time::{Duration, Instant};
-use tether_api::clusterset::LeaderSpec;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use kube::ResourceExt;
@@ -12,6 +11,7 @@ use kube::api::{Api, DeleteParams, ListParams};
 use serde_json::json;
 use tether_api::ClusterRegistrationRequest;
 use tether_api::about::ClusterProperty;
+use tether_api::clusterset::LeaderSpec;
 use tether_e2e::fleet::{
     self, LeaderSide, MemberSide, add_node, audit_events, kube_system_uid, managed, nodes, policy, ready,
     requests_for, wait_mc,

@@ -5,7 +5,6 @@
 //! registers twice.
 
 use std::time::{Duration, Instant};
-use tether_api::clusterset::LeaderSpec;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
@@ -13,6 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, DeleteParams};
 use serde_json::json;
+use tether_api::clusterset::LeaderSpec;
 use tether_api::conditions::{ConditionType, find};
 use tether_api::{ManagedCluster, MemberClusterAnnounce};
 use tether_e2e::fleet::{

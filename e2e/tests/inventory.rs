@@ -17,7 +17,6 @@
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-use tether_api::clusterset::{InventoryNamespace, InventorySpec, LeaderSpec};
 
 use base64::Engine as _;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -25,6 +24,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tether_api::ClusterSet;
 use tether_api::about::ClusterProperty;
+use tether_api::clusterset::{InventoryNamespace, InventorySpec, LeaderSpec};
 use tether_api::inventory::{ClusterProfile, EXEC_EXTENSION, ExecExtension};
 use tether_e2e::access::wait_tunnel;
 use tether_e2e::create_namespace;

@@ -15,13 +15,13 @@
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-use tether_api::clusterset::LeaderSpec;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::Api;
 use serde_json::json;
 use tether_api::MemberClusterAnnounce;
+use tether_api::clusterset::LeaderSpec;
 use tether_api::conditions::{ConditionType, find};
 use tether_e2e::access::wait_tunnel;
 use tether_e2e::fleet::{self, LeaderSide, duration, managed};

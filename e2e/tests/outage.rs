@@ -11,13 +11,13 @@
 
 use std::process::{ExitCode, Output};
 use std::time::{Duration, Instant};
-use tether_api::clusterset::LeaderSpec;
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use serde_json::json;
+use tether_api::clusterset::LeaderSpec;
 use tether_api::registration::{RegistrationReason, RegistrationResult};
 use tether_api::{ClusterRegistrationRequest, ClusterSet};
 use tether_e2e::fleet::{

@@ -9,12 +9,12 @@
 //! `--ignored` beside the other tests.
 
 use std::time::{Duration, Instant};
-use tether_api::clusterset::LeaderSpec;
 
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ListParams};
 use serde_json::json;
+use tether_api::clusterset::LeaderSpec;
 use tether_e2e::fleet::{
     self, LeaderSide, credential_expiry, duration, kube_system_uid, managed, policy, ready, requests_for,
     wait_mc,

@@ -1,17 +1,19 @@
 //! A new credential when the stored one expired or was refused: by proving the member's key
 //! (`rejoin.rs`), else by registering with the join token.
 
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use tether_api::clusterset::MemberSpec;
+use tether_api::conditions::{EventReason, Reason};
+use tracing::warn;
+
 use super::shared::{Shared, update};
 use crate::endpoint::LeaderEndpoint;
 use crate::register::{Registration, Target, register};
 use crate::state::{self, Stored};
 use crate::{Context, Error};
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
-use std::sync::Arc;
-use tether_api::clusterset::MemberSpec;
-use tether_api::conditions::{EventReason, Reason};
-use tracing::warn;
 
 /// Who this agent is: the member's cluster ID and key pair.
 pub(super) struct Identity<'a> {

@@ -2,17 +2,19 @@
 //! over a connection verified with the CA the agent trusts; a moved-to URL that does not answer
 //! is given up on after `MOVED_ATTEMPTS` failures.
 
-use super::shared::{MOVED_ATTEMPTS, Moved, Shared, spec};
-use crate::Error;
-use crate::endpoint::LeaderEndpoint;
-use crate::state::{self};
-use kube::runtime::reflector::ObjectRef;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+
+use kube::runtime::reflector::ObjectRef;
 use tether_api::clusterset::MemberSpec;
 use tether_api::conditions::EventReason;
 use tether_join::discovery::{self, Trust};
 use tracing::{info, warn};
+
+use super::shared::{MOVED_ATTEMPTS, Moved, Shared, spec};
+use crate::Error;
+use crate::endpoint::LeaderEndpoint;
+use crate::state::{self};
 
 /// Counts a failure to reach the leader; on a moved-to URL, the `MOVED_ATTEMPTS`th goes back to
 /// the declared one for good.

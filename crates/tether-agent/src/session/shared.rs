@@ -1,12 +1,14 @@
 //! What one session keeps across its attempts, and its way to the status owner.
 
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use tether_api::ClusterSet;
+use tether_api::clusterset::MemberSpec;
+
 use crate::status::StatusSink;
 use crate::view::View;
 use crate::{Context, Error};
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
-use tether_api::ClusterSet;
-use tether_api::clusterset::MemberSpec;
 
 /// What one session keeps across its attempts.
 pub(super) struct Shared {

@@ -39,6 +39,12 @@ use crate::probe::prom::{metric, request_counts};
 use crate::scale::{classify, sim_join, write_limit};
 use crate::sim::join_token;
 
+mod held;
+mod report;
+
+use held::*;
+pub use report::report;
+
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -52,31 +58,6 @@ pub struct Settings {
     pub steady: Duration,
     /// How long the failover is watched.
     pub failover_window: Duration,
-}
-
-/// What kube-apiserver or etcd holds at one moment.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Held {
-    /// Resident memory, MiB.
-    pub rss: f64,
-    /// Go heap in use, MiB (`go_memstats_heap_inuse_bytes`; kube-apiserver only).
-    pub heap: f64,
-    /// Goroutines (kube-apiserver only).
-    pub goroutines: f64,
-    /// Open file descriptors.
-    pub fds: f64,
-}
-
-impl Held {
-    fn minus(self, other: Held, per: usize) -> Held {
-        let per = per.max(1) as f64;
-        Held {
-            rss: (self.rss - other.rss) * 1024.0 / per,
-            heap: (self.heap - other.heap) * 1024.0 / per,
-            goroutines: (self.goroutines - other.goroutines) / per,
-            fds: (self.fds - other.fds) / per,
-        }
-    }
 }
 
 /// One run's figures.
@@ -185,68 +166,6 @@ impl Transitions {
         all.values()
             .filter(|l| l.last().is_some_and(|(_, s, r)| s == "True" && r == reason))
             .count()
-    }
-}
-
-async fn apiserver_metrics(admin: &Client) -> String {
-    let req = http::Request::get("/metrics").body(vec![]).expect("request");
-    admin.request_text(req).await.unwrap_or_default()
-}
-
-fn fds(pid: u32) -> f64 {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count()) as f64
-}
-
-/// What kube-apiserver (`api`) and etcd hold now.
-async fn held(admin: &Client, api: u32, etcd: u32) -> (Held, f64) {
-    let text = apiserver_metrics(admin).await;
-    let api_held = Held {
-        rss: rss_mib(api, "VmRSS"),
-        heap: metric(&text, "go_memstats_heap_inuse_bytes").unwrap_or(0.0) / 1024.0 / 1024.0,
-        goroutines: metric(&text, "go_goroutines").unwrap_or(0.0),
-        fds: fds(api),
-    };
-    (api_held, rss_mib(etcd, "VmRSS"))
-}
-
-/// The sum of a metric's series (every label set) in Prometheus text.
-fn sum_of(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
-}
-
-/// Waits `settle`, then samples what the API server and etcd hold three times, 5 s apart, and
-/// keeps the median of each figure (a GC between samples moves the heap).
-async fn held_settled(admin: &Client, api: u32, etcd: u32, settle: Duration) -> (Held, f64) {
-    tokio::time::sleep(settle).await;
-    let mut samples = Vec::new();
-    for i in 0..3 {
-        if i > 0 {
-            tokio::time::sleep(Duration::from_secs(5)).await;
-        }
-        samples.push(held(admin, api, etcd).await);
-    }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    (
-        Held {
-            rss: median(samples.iter().map(|s| s.0.rss).collect()),
-            heap: median(samples.iter().map(|s| s.0.heap).collect()),
-            goroutines: median(samples.iter().map(|s| s.0.goroutines).collect()),
-            fds: median(samples.iter().map(|s| s.0.fds).collect()),
-        },
-        median(samples.iter().map(|s| s.1).collect()),
-    )
-}
-
-async fn tunnels_at(leader: &tether_testkit::Controller) -> f64 {
-    match leader.admin_get("/metrics").await {
-        Ok((200, text)) => metric(&text, "tether_leader_tunnels").unwrap_or(0.0),
-        _ => 0.0,
     }
 }
 
@@ -546,106 +465,4 @@ async fn failover(
     let standby_rss = rss_mib(standby.pid(), "VmRSS");
     leader.controller = standby;
     (reattach, marked, (peak, total), standby_rss, leader)
-}
-
-/// The figures of one run, as Markdown lines.
-pub fn report(o: &Outcome) -> String {
-    let ms = |d: Duration| format!("{:.1} s", d.as_secs_f64());
-    let per_member_writes = o.steady_writes.values().sum::<f64>() / o.members as f64;
-    let mut out = format!("### N = {}\n\n", o.members);
-    let mut line = |k: &str, v: String| out.push_str(&format!("| {k} | {v} |\n"));
-    line(
-        "API server limit (small writes)",
-        format!("{:.0} /s", o.api_limit),
-    );
-    line(
-        "registration",
-        format!(
-            "{:.1} /s; {:.1} writes each (every client); the limit allows {:.1} /s: {:.0} %",
-            o.registration_rate,
-            o.writes_per_registration,
-            o.api_limit / o.writes_per_registration,
-            100.0 * o.registration_rate / (o.api_limit / o.writes_per_registration)
-        ),
-    );
-    let held = |h: &(Held, f64)| {
-        format!(
-            "kube-apiserver {:.1} KiB RSS, {:.1} KiB heap, {:.2} goroutines, {:.2} fds; etcd {:.1} KiB RSS",
-            h.0.rss, h.0.heap, h.0.goroutines, h.0.fds, h.1
-        )
-    };
-    line("per member (no tunnel)", held(&o.per_member));
-    line("per idle tunnel", held(&o.per_tunnel));
-    line(
-        "executing seats, max over the steady window",
-        format!("{:.0}", o.seats),
-    );
-    line("all tunnels attached", ms(o.attach_all));
-    line(
-        "steady writes",
-        format!(
-            "{} = {:.4} per member per s",
-            o.steady_writes
-                .iter()
-                .map(|(k, v)| format!("{k} {v:.1}/s"))
-                .collect::<Vec<_>>()
-                .join(", "),
-            per_member_writes
-        ),
-    );
-    line(
-        "steady CPU (share of a core)",
-        format!(
-            "leader {:.1} %, kube-apiserver {:.1} %, etcd {:.1} %",
-            o.steady_cpu.0 * 100.0,
-            o.steady_cpu.1 * 100.0,
-            o.steady_cpu.2 * 100.0
-        ),
-    );
-    line(
-        "RSS",
-        format!(
-            "leader {:.0} MiB, kube-apiserver {:.0} MiB, etcd {:.0} MiB",
-            o.rss.0, o.rss.1, o.rss.2
-        ),
-    );
-    line(
-        &format!("killed → Unknown ({} agents)", o.killed.len()),
-        format!(
-            "p50 {}, p99 {} (detection {})",
-            ms(quantile(&o.killed, 0.5)),
-            ms(quantile(&o.killed, 0.99)),
-            ms(o.detection.0)
-        ),
-    );
-    line(
-        &format!("frozen → Unknown ({} agents)", o.frozen.len()),
-        format!(
-            "p50 {}, p99 {} (ping {}, timeout {})",
-            ms(quantile(&o.frozen, 0.5)),
-            ms(quantile(&o.frozen, 0.99)),
-            ms(o.detection.0 - o.detection.1),
-            ms(o.detection.1)
-        ),
-    );
-    line(
-        "failover: every tunnel attached again",
-        o.reattach.map_or("not within the window".into(), ms),
-    );
-    line(
-        "failover: live members marked Unknown",
-        o.marked_unknown.to_string(),
-    );
-    line(
-        "failover: writes",
-        format!(
-            "peak {:.0} in one second, {:.0} in all",
-            o.failover_writes.0, o.failover_writes.1
-        ),
-    );
-    line(
-        "standby RSS with every tunnel",
-        format!("{:.0} MiB", o.standby_rss),
-    );
-    out
 }

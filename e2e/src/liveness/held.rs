@@ -1,0 +1,90 @@
+//! What kube-apiserver and etcd hold: RSS, live heap, goroutines, file descriptors, tunnels.
+
+use super::*;
+
+/// What kube-apiserver or etcd holds at one moment.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Held {
+    /// Resident memory, MiB.
+    pub rss: f64,
+    /// Go heap in use, MiB (`go_memstats_heap_inuse_bytes`; kube-apiserver only).
+    pub heap: f64,
+    /// Goroutines (kube-apiserver only).
+    pub goroutines: f64,
+    /// Open file descriptors.
+    pub fds: f64,
+}
+
+impl Held {
+    pub(super) fn minus(self, other: Held, per: usize) -> Held {
+        let per = per.max(1) as f64;
+        Held {
+            rss: (self.rss - other.rss) * 1024.0 / per,
+            heap: (self.heap - other.heap) * 1024.0 / per,
+            goroutines: (self.goroutines - other.goroutines) / per,
+            fds: (self.fds - other.fds) / per,
+        }
+    }
+}
+
+pub(super) async fn apiserver_metrics(admin: &Client) -> String {
+    let req = http::Request::get("/metrics").body(vec![]).expect("request");
+    admin.request_text(req).await.unwrap_or_default()
+}
+
+pub(super) fn fds(pid: u32) -> f64 {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count()) as f64
+}
+
+/// What kube-apiserver (`api`) and etcd hold now.
+pub(super) async fn held(admin: &Client, api: u32, etcd: u32) -> (Held, f64) {
+    let text = apiserver_metrics(admin).await;
+    let api_held = Held {
+        rss: rss_mib(api, "VmRSS"),
+        heap: metric(&text, "go_memstats_heap_inuse_bytes").unwrap_or(0.0) / 1024.0 / 1024.0,
+        goroutines: metric(&text, "go_goroutines").unwrap_or(0.0),
+        fds: fds(api),
+    };
+    (api_held, rss_mib(etcd, "VmRSS"))
+}
+
+/// The sum of a metric's series (every label set) in Prometheus text.
+pub(super) fn sum_of(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits `settle`, then samples what the API server and etcd hold three times, 5 s apart, and
+/// keeps the median of each figure (a GC between samples moves the heap).
+pub(super) async fn held_settled(admin: &Client, api: u32, etcd: u32, settle: Duration) -> (Held, f64) {
+    tokio::time::sleep(settle).await;
+    let mut samples = Vec::new();
+    for i in 0..3 {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+        samples.push(held(admin, api, etcd).await);
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (
+        Held {
+            rss: median(samples.iter().map(|s| s.0.rss).collect()),
+            heap: median(samples.iter().map(|s| s.0.heap).collect()),
+            goroutines: median(samples.iter().map(|s| s.0.goroutines).collect()),
+            fds: median(samples.iter().map(|s| s.0.fds).collect()),
+        },
+        median(samples.iter().map(|s| s.1).collect()),
+    )
+}
+
+pub(super) async fn tunnels_at(leader: &tether_testkit::Controller) -> f64 {
+    match leader.admin_get("/metrics").await {
+        Ok((200, text)) => metric(&text, "tether_leader_tunnels").unwrap_or(0.0),
+        _ => 0.0,
+    }
+}

@@ -1,0 +1,105 @@
+//! The liveness benchmark's report.
+
+use super::*;
+
+/// The figures of one run, as Markdown lines.
+pub fn report(o: &Outcome) -> String {
+    let ms = |d: Duration| format!("{:.1} s", d.as_secs_f64());
+    let per_member_writes = o.steady_writes.values().sum::<f64>() / o.members as f64;
+    let mut out = format!("### N = {}\n\n", o.members);
+    let mut line = |k: &str, v: String| out.push_str(&format!("| {k} | {v} |\n"));
+    line(
+        "API server limit (small writes)",
+        format!("{:.0} /s", o.api_limit),
+    );
+    line(
+        "registration",
+        format!(
+            "{:.1} /s; {:.1} writes each (every client); the limit allows {:.1} /s: {:.0} %",
+            o.registration_rate,
+            o.writes_per_registration,
+            o.api_limit / o.writes_per_registration,
+            100.0 * o.registration_rate / (o.api_limit / o.writes_per_registration)
+        ),
+    );
+    let held = |h: &(Held, f64)| {
+        format!(
+            "kube-apiserver {:.1} KiB RSS, {:.1} KiB heap, {:.2} goroutines, {:.2} fds; etcd {:.1} KiB RSS",
+            h.0.rss, h.0.heap, h.0.goroutines, h.0.fds, h.1
+        )
+    };
+    line("per member (no tunnel)", held(&o.per_member));
+    line("per idle tunnel", held(&o.per_tunnel));
+    line(
+        "executing seats, max over the steady window",
+        format!("{:.0}", o.seats),
+    );
+    line("all tunnels attached", ms(o.attach_all));
+    line(
+        "steady writes",
+        format!(
+            "{} = {:.4} per member per s",
+            o.steady_writes
+                .iter()
+                .map(|(k, v)| format!("{k} {v:.1}/s"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            per_member_writes
+        ),
+    );
+    line(
+        "steady CPU (share of a core)",
+        format!(
+            "leader {:.1} %, kube-apiserver {:.1} %, etcd {:.1} %",
+            o.steady_cpu.0 * 100.0,
+            o.steady_cpu.1 * 100.0,
+            o.steady_cpu.2 * 100.0
+        ),
+    );
+    line(
+        "RSS",
+        format!(
+            "leader {:.0} MiB, kube-apiserver {:.0} MiB, etcd {:.0} MiB",
+            o.rss.0, o.rss.1, o.rss.2
+        ),
+    );
+    line(
+        &format!("killed → Unknown ({} agents)", o.killed.len()),
+        format!(
+            "p50 {}, p99 {} (detection {})",
+            ms(quantile(&o.killed, 0.5)),
+            ms(quantile(&o.killed, 0.99)),
+            ms(o.detection.0)
+        ),
+    );
+    line(
+        &format!("frozen → Unknown ({} agents)", o.frozen.len()),
+        format!(
+            "p50 {}, p99 {} (ping {}, timeout {})",
+            ms(quantile(&o.frozen, 0.5)),
+            ms(quantile(&o.frozen, 0.99)),
+            ms(o.detection.0 - o.detection.1),
+            ms(o.detection.1)
+        ),
+    );
+    line(
+        "failover: every tunnel attached again",
+        o.reattach.map_or("not within the window".into(), ms),
+    );
+    line(
+        "failover: live members marked Unknown",
+        o.marked_unknown.to_string(),
+    );
+    line(
+        "failover: writes",
+        format!(
+            "peak {:.0} in one second, {:.0} in all",
+            o.failover_writes.0, o.failover_writes.1
+        ),
+    );
+    line(
+        "standby RSS with every tunnel",
+        format!("{:.0} MiB", o.standby_rss),
+    );
+    out
+}
