@@ -34,7 +34,7 @@ async fn main() {
         .start()
         .await
         .expect("cluster");
-    let l = Leader::run_in(cluster, json!({})).await;
+    let l = Leader::on(cluster).start().await;
     let token = BootstrapToken::random();
     token
         .create(&l.admin, Some(&tether_e2e::sim::home()), None)

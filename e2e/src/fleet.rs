@@ -16,7 +16,7 @@ use tether_testkit::{
     BootstrapToken, Controller, TestCluster, eventually, install_tether_crds, token_kubeconfig,
 };
 
-use crate::sim::{HOME, SET, install_leader, leader_token};
+use crate::sim::{HOME, SET, Site, install_leader, leader_token};
 use crate::{apply_rbac_file, service_account_token};
 
 /// The leader side: cluster, admin client, the leader process.
@@ -45,19 +45,11 @@ pub fn duration(text: &str) -> kube::core::Duration {
         .unwrap_or_else(|e| panic!("a duration in a test: {text}: {e}"))
 }
 
-/// Where a leader starts.
-enum Cluster {
-    /// A new cluster of this name, audit log on.
-    Named(String),
-    /// One the caller started.
-    Started(Box<TestCluster>),
-}
-
 /// How a test's leader starts: `LeaderSide::named(name)` or `LeaderSide::on(cluster)`, then
 /// `policy` (without one, no ClusterSet and no join RBAC, as before `tether init`), `proxy`
 /// (member access served on an address, Lease election on), `args`, and `start`.
 pub struct LeaderBuilder {
-    cluster: Cluster,
+    site: Site,
     policy: Option<LeaderSpec>,
     proxy: Option<(std::net::SocketAddr, u64)>,
     args: Vec<String>,
@@ -66,19 +58,19 @@ pub struct LeaderBuilder {
 impl LeaderSide {
     /// A leader on a new cluster named `name` (audit log on).
     pub fn named(name: &str) -> LeaderBuilder {
-        LeaderBuilder::new(Cluster::Named(name.to_string()))
+        LeaderBuilder::new(Site::Named(name.to_string()))
     }
 
     /// A leader on `cluster`.
     pub fn on(cluster: TestCluster) -> LeaderBuilder {
-        LeaderBuilder::new(Cluster::Started(Box::new(cluster)))
+        LeaderBuilder::new(Site::Started(Box::new(cluster)))
     }
 }
 
 impl LeaderBuilder {
-    fn new(cluster: Cluster) -> Self {
+    fn new(site: Site) -> Self {
         Self {
-            cluster,
+            site,
             policy: None,
             proxy: None,
             args: Vec::new(),
@@ -107,9 +99,9 @@ impl LeaderBuilder {
     /// Starts the cluster if needed, installs Tether's leader side and runs the leader binary
     /// as its ServiceAccount.
     pub async fn start(self) -> LeaderSide {
-        let cluster = match self.cluster {
-            Cluster::Started(c) => *c,
-            Cluster::Named(name) => TestCluster::builder(&name)
+        let cluster = match self.site {
+            Site::Started(c) => *c,
+            Site::Named(name) => TestCluster::builder(&name)
                 .audit_log(true)
                 .start()
                 .await
@@ -125,10 +117,7 @@ impl LeaderBuilder {
                 .collect(),
         };
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let spec = self
-            .policy
-            .map(|p| serde_json::to_value(p).expect("a LeaderSpec serializes"));
-        leader_process(cluster, spec, &args, self.proxy.is_some()).await
+        leader_process(cluster, self.policy.as_ref(), &args, self.proxy.is_some()).await
     }
 }
 
@@ -157,13 +146,13 @@ impl LeaderSide {
 
 async fn leader_process(
     cluster: TestCluster,
-    leader_spec: Option<serde_json::Value>,
+    policy: Option<&LeaderSpec>,
     args: &[&str],
     proxy: bool,
 ) -> LeaderSide {
     crate::init_logs();
-    let admin = match leader_spec {
-        Some(spec) => install_leader(&cluster, spec).await,
+    let admin = match policy {
+        Some(policy) => install_leader(&cluster, policy).await,
         None => {
             let admin = cluster.client().expect("admin");
             install_tether_crds(&admin).await.expect("crds");

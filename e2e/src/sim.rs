@@ -3,6 +3,8 @@
 //! heartbeat and leave with it. The leader controller runs as its own ServiceAccount with exactly
 //! `config/rbac/leader.yaml`, in this process (`leader`) or as the real binary (see the tests).
 
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
@@ -10,7 +12,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tether_api::SetRef;
-use tether_api::clusterset::MemberCounts;
+use tether_api::clusterset::{ApprovalMode, ApprovalPolicy, LeaderSpec, MemberCounts};
 use tether_api::registration::RegistrationResult;
 use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, MemberClusterAnnounce};
 use tether_seal::MemberCredential;
@@ -26,15 +28,15 @@ pub const HOME: &str = "tether-system";
 pub const SET: &str = "prod";
 
 /// A leader cluster with the CRDs, the leader's RBAC, the join RBAC and a `prod` ClusterSet
-/// whose `spec.leader` is `leader_spec`.
-pub async fn leader_cluster(name: &str, leader_spec: serde_json::Value) -> (TestCluster, Client) {
+/// whose `spec.leader` is `policy`.
+pub async fn leader_cluster(name: &str, policy: &LeaderSpec) -> (TestCluster, Client) {
     let cluster = TestCluster::start(name).await.expect("cluster");
-    let admin = install_leader(&cluster, leader_spec).await;
+    let admin = install_leader(&cluster, policy).await;
     (cluster, admin)
 }
 
 /// Installs Tether's leader side in `cluster` (as `leader_cluster` does); returns an admin client.
-pub async fn install_leader(cluster: &TestCluster, leader_spec: serde_json::Value) -> Client {
+pub async fn install_leader(cluster: &TestCluster, policy: &LeaderSpec) -> Client {
     let admin = cluster.client().expect("admin");
     install_tether_crds(&admin).await.expect("crds");
     apply_rbac_file(&admin, "leader.yaml").await.expect("leader RBAC");
@@ -42,12 +44,23 @@ pub async fn install_leader(cluster: &TestCluster, leader_spec: serde_json::Valu
         .await
         .expect("leader admission policy");
     let set = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterSet",
-                     "metadata": {"name": SET}, "spec": {"role": "Leader", "leader": leader_spec}});
+                     "metadata": {"name": SET}, "spec": {"role": "Leader", "leader": policy}});
     create_raw::<ClusterSet>(&admin, Some(HOME), set)
         .await
         .expect("ClusterSet");
     crate::join_role(&admin, &home()).await.expect("join RBAC");
     admin
+}
+
+/// A set's leader policy with this approval mode; the rest is the default.
+pub fn approving(mode: ApprovalMode) -> LeaderSpec {
+    LeaderSpec {
+        approval: ApprovalPolicy {
+            mode,
+            allowed_clusters: None,
+        },
+        ..LeaderSpec::default()
+    }
 }
 
 /// A token of the leader's ServiceAccount (what its pod would use).
@@ -75,35 +88,68 @@ impl Drop for Leader {
     }
 }
 
+/// Where a test's leader runs: a new cluster of this name, or one the caller started.
+pub(crate) enum Site {
+    /// A new cluster of this name.
+    Named(String),
+    /// One the caller started.
+    Started(Box<TestCluster>),
+}
+
+/// How an in-process leader starts: `Leader::named(name)` or `Leader::on(cluster)`, then
+/// `policy` (the `prod` set's; the default otherwise), `denied_retention`, and `start`.
+pub struct InProcess {
+    site: Site,
+    policy: LeaderSpec,
+    denied_retention: Duration,
+}
+
+impl InProcess {
+    /// The `prod` set's leader policy.
+    pub fn policy(mut self, spec: LeaderSpec) -> Self {
+        self.policy = spec;
+        self
+    }
+
+    /// Denied requests are kept only this long (the flag's default: 1 h).
+    pub fn denied_retention(mut self, retention: Duration) -> Self {
+        self.denied_retention = retention;
+        self
+    }
+
+    /// Starts the cluster if needed, installs Tether's leader side and runs the controller in
+    /// this process as the leader's ServiceAccount.
+    pub async fn start(self) -> Leader {
+        let cluster = match self.site {
+            Site::Started(c) => *c,
+            Site::Named(name) => TestCluster::start(&name).await.expect("cluster"),
+        };
+        Leader::run(cluster, &self.policy, self.denied_retention).await
+    }
+}
+
 impl Leader {
-    /// Starts a leader cluster and runs the controller in this process as the leader's ServiceAccount.
-    pub async fn start(name: &str, leader_spec: serde_json::Value) -> Self {
-        let cluster = TestCluster::start(name).await.expect("cluster");
-        Self::run_in(cluster, leader_spec).await
+    /// A leader on a new cluster named `name`.
+    pub fn named(name: &str) -> InProcess {
+        Self::at(Site::Named(name.to_string()))
     }
 
-    /// As `start`, with denied requests kept only `denied_retention` (the flag's default: 1 h).
-    pub async fn start_with_retention(
-        name: &str,
-        leader_spec: serde_json::Value,
-        denied_retention: Duration,
-    ) -> Self {
-        let cluster = TestCluster::start(name).await.expect("cluster");
-        Self::run_with(cluster, leader_spec, denied_retention).await
+    /// A leader on `cluster`.
+    pub fn on(cluster: TestCluster) -> InProcess {
+        Self::at(Site::Started(Box::new(cluster)))
     }
 
-    /// Installs Tether in a started cluster and runs the leader controller in this process.
-    pub async fn run_in(cluster: TestCluster, leader_spec: serde_json::Value) -> Self {
-        Self::run_with(cluster, leader_spec, Duration::from_secs(3600)).await
+    fn at(site: Site) -> InProcess {
+        InProcess {
+            site,
+            policy: LeaderSpec::default(),
+            denied_retention: Duration::from_secs(3600),
+        }
     }
 
-    async fn run_with(
-        cluster: TestCluster,
-        leader_spec: serde_json::Value,
-        denied_retention: Duration,
-    ) -> Self {
+    async fn run(cluster: TestCluster, policy: &LeaderSpec, denied_retention: Duration) -> Self {
         crate::init_logs();
-        let admin = install_leader(&cluster, leader_spec).await;
+        let admin = install_leader(&cluster, policy).await;
         let as_leader = cluster
             .client_with_token(&leader_token(&admin).await)
             .expect("leader client");
@@ -181,19 +227,44 @@ pub async fn join_token_of(admin: &Client, set: &SetRef) -> BootstrapToken {
     token
 }
 
-/// A new joiner with its own bootstrap token of the `prod` set.
-pub async fn joiner(cluster: &TestCluster, admin: &Client) -> Joiner {
-    joiner_of(cluster, admin, &home()).await
+/// A new joiner with its own bootstrap token: of the `prod` set, or of `set` with `.of(&set)`.
+pub fn joiner<'a>(cluster: &'a TestCluster, admin: &'a Client) -> NewJoiner<'a> {
+    NewJoiner {
+        cluster,
+        admin,
+        set: home(),
+    }
 }
 
-/// A new joiner with its own bootstrap token of `set`.
-pub async fn joiner_of(cluster: &TestCluster, admin: &Client, set: &SetRef) -> Joiner {
-    let token = join_token_of(admin, set).await;
-    let (identity, public_key) = tether_seal::generate_keypair();
-    Joiner {
-        client: cluster.client_with_token(&token.token()).expect("client"),
-        identity,
-        public_key,
+/// A joiner to be made (`joiner`); awaiting it makes the token and the key pair.
+pub struct NewJoiner<'a> {
+    cluster: &'a TestCluster,
+    admin: &'a Client,
+    set: SetRef,
+}
+
+impl NewJoiner<'_> {
+    /// Of `set` instead of `prod`.
+    pub fn of(mut self, set: &SetRef) -> Self {
+        self.set = set.clone();
+        self
+    }
+}
+
+impl<'a> IntoFuture for NewJoiner<'a> {
+    type Output = Joiner;
+    type IntoFuture = Pin<Box<dyn Future<Output = Joiner> + Send + 'a>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let token = join_token_of(self.admin, &self.set).await;
+            let (identity, public_key) = tether_seal::generate_keypair();
+            Joiner {
+                client: self.cluster.client_with_token(&token.token()).expect("client"),
+                identity,
+                public_key,
+            }
+        })
     }
 }
 
@@ -255,28 +326,57 @@ pub struct Member {
     pub credential: MemberCredential,
 }
 
-/// Joins `name`/`id` to the `prod` set and returns the member.
-pub async fn join(cluster: &TestCluster, admin: &Client, name: &str, id: &str) -> Member {
-    join_in(cluster, admin, &home(), name, id).await
+/// Joins `name`/`id` to the `prod` set, or to `set` with `.of(&set)`; awaiting it returns the
+/// member once its credential is unsealed.
+pub fn join<'a>(cluster: &'a TestCluster, admin: &'a Client, name: &str, id: &str) -> Joining<'a> {
+    Joining {
+        joiner: joiner(cluster, admin),
+        name: name.to_string(),
+        id: id.to_string(),
+    }
 }
 
-/// Joins `name`/`id` to `set` and returns the member.
-pub async fn join_in(cluster: &TestCluster, admin: &Client, set: &SetRef, name: &str, id: &str) -> Member {
-    let j = joiner_of(cluster, admin, set).await;
-    let req = register_in(&j, &set.namespace, &format!("{name}-1"), name, id).await;
-    let sealed = req
-        .status
-        .and_then(|s| s.credential)
-        .unwrap_or_else(|| panic!("{name} was not approved"))
-        .sealed;
-    let credential = tether_seal::unseal(&sealed, &j.identity).expect("unseal");
-    Member {
-        client: cluster
-            .client_with_token(&credential.token)
-            .expect("member client"),
-        name: name.into(),
-        namespace: credential.namespace.clone(),
-        credential,
+/// A join to be made (`join`).
+pub struct Joining<'a> {
+    joiner: NewJoiner<'a>,
+    name: String,
+    id: String,
+}
+
+impl Joining<'_> {
+    /// Into `set` instead of `prod`.
+    pub fn of(mut self, set: &SetRef) -> Self {
+        self.joiner = self.joiner.of(set);
+        self
+    }
+}
+
+impl<'a> IntoFuture for Joining<'a> {
+    type Output = Member;
+    type IntoFuture = Pin<Box<dyn Future<Output = Member> + Send + 'a>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let Joining { joiner, name, id } = self;
+            let cluster = joiner.cluster;
+            let ns = joiner.set.namespace.clone();
+            let j = joiner.await;
+            let req = register_in(&j, &ns, &format!("{name}-1"), &name, &id).await;
+            let sealed = req
+                .status
+                .and_then(|s| s.credential)
+                .unwrap_or_else(|| panic!("{name} was not approved"))
+                .sealed;
+            let credential = tether_seal::unseal(&sealed, &j.identity).expect("unseal");
+            Member {
+                client: cluster
+                    .client_with_token(&credential.token)
+                    .expect("member client"),
+                name,
+                namespace: credential.namespace.clone(),
+                credential,
+            }
+        })
     }
 }
 

@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use tether_api::clusterset::ApprovalMode;
 use tether_api::registration::{RegistrationReason, RegistrationResult};
 use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, MemberClusterAnnounce};
 use tether_e2e::sim::{self, HOME, Joiner, Leader, register};
@@ -17,8 +18,8 @@ use tether_testkit::eventually;
 #[path = "leader/confinement.rs"]
 mod confinement;
 
-async fn leader(name: &str, approval: serde_json::Value) -> Leader {
-    Leader::start(name, json!({ "approval": approval })).await
+async fn leader(name: &str, mode: ApprovalMode) -> Leader {
+    Leader::named(name).policy(sim::approving(mode)).start().await
 }
 
 async fn joiner(l: &Leader) -> Joiner {
@@ -32,7 +33,7 @@ fn result(r: &ClusterRegistrationRequest) -> (RegistrationResult, RegistrationRe
 
 #[tokio::test]
 async fn approved_member_gets_a_sealed_credential_confined_to_its_own_namespace() {
-    let l = leader("leader-approve", json!({"mode": "Automatic"})).await;
+    let l = leader("leader-approve", ApprovalMode::Automatic).await;
     let east = joiner(&l).await;
     let west = joiner(&l).await;
     let e = register(&east, "east-1", "east", "id-east").await;
@@ -246,7 +247,7 @@ async fn approved_member_gets_a_sealed_credential_confined_to_its_own_namespace(
 
 #[tokio::test]
 async fn duplicates_are_denied_and_the_same_cluster_rejoins() {
-    let l = leader("leader-dupes", json!({"mode": "Automatic"})).await;
+    let l = leader("leader-dupes", ApprovalMode::Automatic).await;
     let east = joiner(&l).await;
     let first = register(&east, "east-1", "east", "id-east").await;
     assert_eq!(result(&first).0, RegistrationResult::Approved);
@@ -311,7 +312,7 @@ async fn duplicates_are_denied_and_the_same_cluster_rejoins() {
 
 #[tokio::test]
 async fn manual_approval_waits_for_an_admin_decision() {
-    let l = leader("leader-manual", json!({"mode": "Manual"})).await;
+    let l = leader("leader-manual", ApprovalMode::Manual).await;
     let east = joiner(&l).await;
     let body = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterRegistrationRequest",
                       "metadata": {"name": "east-1"},
@@ -352,12 +353,11 @@ async fn manual_approval_waits_for_an_admin_decision() {
 #[tokio::test]
 async fn policy_denials_are_deleted_after_their_retention_and_admin_denials_stay() {
     let retention = Duration::from_secs(8);
-    let l = Leader::start_with_retention(
-        "leader-retention",
-        json!({"approval": {"mode": "Manual"}}),
-        retention,
-    )
-    .await;
+    let l = Leader::named("leader-retention")
+        .policy(sim::approving(ApprovalMode::Manual))
+        .denied_retention(retention)
+        .start()
+        .await;
     let east = joiner(&l).await;
     let api = Api::<ClusterRegistrationRequest>::namespaced(l.admin.clone(), HOME);
     let decided = |name: &'static str, want: (RegistrationResult, RegistrationReason)| {

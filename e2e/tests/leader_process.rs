@@ -8,9 +8,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams};
-use serde_json::json;
 use tether_api::ManagedCluster;
-use tether_api::clusterset::MemberCounts;
+use tether_api::clusterset::{LeaderSpec, MemberCounts};
 use tether_e2e::sim::{self, HOME, join, wait_counts};
 use tether_testkit::{Controller, eventually, token_kubeconfig};
 
@@ -28,7 +27,7 @@ async fn holder(lease: &Api<Lease>) -> Option<String> {
 
 #[tokio::test]
 async fn two_replicas_elect_one_leader_and_the_other_takes_over_after_a_crash() {
-    let (cluster, admin) = sim::leader_cluster("leader-ha", json!({})).await;
+    let (cluster, admin) = sim::leader_cluster("leader-ha", &LeaderSpec::default()).await;
     let token = sim::leader_token(&admin).await;
     let kubeconfig = token_kubeconfig(&cluster, "tether-leader", &token).expect("kubeconfig");
     // NB: `--member-metrics`: both replicas export a series per member from their caches.

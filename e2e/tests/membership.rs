@@ -11,9 +11,10 @@ use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use tether_api::clusterset::MemberCounts;
+use tether_api::clusterset::{LeaderSpec, MemberCounts};
 use tether_api::registration::{RegistrationReason, RegistrationResult};
 use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, labels};
+use tether_e2e::fleet;
 use tether_e2e::sim::{self, HOME, Leader, SET, join, register, wait_counts, wait_ready};
 use tether_testkit::eventually;
 
@@ -65,11 +66,10 @@ async fn wait_gone(admin: &Client, namespace: &str) {
 
 #[tokio::test]
 async fn silent_member_goes_unknown_within_grace_and_recovers_without_leader_writes_per_heartbeat() {
-    let l = Leader::start(
-        "members-health",
-        json!({"heartbeatInterval": "1s", "gracePeriod": "4s"}),
-    )
-    .await;
+    let l = Leader::named("members-health")
+        .policy(fleet::policy("1s", "4s"))
+        .start()
+        .await;
     let east = Arc::new(join(&l.cluster, &l.admin, "east", "id-east").await);
     wait_ready(
         &l.admin,
@@ -181,7 +181,7 @@ async fn silent_member_goes_unknown_within_grace_and_recovers_without_leader_wri
 
 #[tokio::test]
 async fn member_that_leaves_is_removed_with_its_namespace_and_request() {
-    let l = Leader::start("members-leave", json!({})).await;
+    let l = Leader::named("members-leave").start().await;
     let east = join(&l.cluster, &l.admin, "east", "id-east").await;
     let west = join(&l.cluster, &l.admin, "west", "id-west").await;
     wait_counts(
@@ -248,11 +248,13 @@ async fn member_that_leaves_is_removed_with_its_namespace_and_request() {
 
 #[tokio::test]
 async fn member_silent_past_member_expiry_is_removed() {
-    let l = Leader::start(
-        "members-expiry",
-        json!({"heartbeatInterval": "1s", "gracePeriod": "2s", "memberExpiry": "6s"}),
-    )
-    .await;
+    let l = Leader::named("members-expiry")
+        .policy(LeaderSpec {
+            member_expiry: fleet::duration("6s"),
+            ..fleet::policy("1s", "2s")
+        })
+        .start()
+        .await;
     let east = Arc::new(join(&l.cluster, &l.admin, "east", "id-east").await);
     let beating = east.keep_heartbeating(FAST);
     wait_ready(
@@ -271,7 +273,7 @@ async fn member_silent_past_member_expiry_is_removed() {
 
 #[tokio::test]
 async fn set_deletion_waits_for_members_and_force_removes_everything() {
-    let l = Leader::start("members-destroy", json!({})).await;
+    let l = Leader::named("members-destroy").start().await;
     let east = join(&l.cluster, &l.admin, "east", "id-east").await;
     let sets = Api::<ClusterSet>::namespaced(l.admin.clone(), HOME);
     eventually("the finalizer", Duration::from_secs(10), || async {
@@ -362,7 +364,7 @@ async fn set_deletion_waits_for_members_and_force_removes_everything() {
 
 #[tokio::test]
 async fn a_replica_that_is_not_the_leader_writes_nothing() {
-    let l = Leader::start("members-standby", json!({})).await;
+    let l = Leader::named("members-standby").start().await;
     l.set_leading(false);
     let j = sim::joiner(&l.cluster, &l.admin).await;
     let body = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterRegistrationRequest",
@@ -421,7 +423,7 @@ async fn skew_condition(admin: &Client, m: &sim::Member) -> Option<(String, Stri
 
 #[tokio::test]
 async fn an_agent_outside_the_version_skew_is_told_what_to_do_and_stays_a_member() {
-    let l = Leader::start("skew", json!({})).await;
+    let l = Leader::named("skew").start().await;
     let m = join(&l.cluster, &l.admin, "east", "id-east").await;
     m.heartbeat().await.expect("heartbeat");
     let mcs = Api::<ManagedCluster>::namespaced(m.client.clone(), &m.namespace);

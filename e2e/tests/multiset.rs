@@ -13,7 +13,8 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tether_api::registration::{RegistrationReason, RegistrationResult};
 use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, MemberClusterAnnounce, SetRef};
-use tether_e2e::sim::{self, Leader, join_in, joiner_of, register_in, wait_ready};
+use tether_e2e::fleet;
+use tether_e2e::sim::{self, Leader, join, joiner, register_in, wait_ready};
 use tether_e2e::{create_namespace, create_raw, join_role, status_code};
 use tether_testkit::{BootstrapToken, CreateToken, eventually};
 
@@ -37,11 +38,10 @@ async fn forbidden<T: std::fmt::Debug>(what: &str, r: Result<T, kube::Error>) {
 
 #[tokio::test]
 async fn members_of_sets_whose_names_used_to_collide_keep_their_own_namespace_and_rights() {
-    let l = Leader::start(
-        "multiset",
-        json!({"heartbeatInterval": "2s", "gracePeriod": "8s"}),
-    )
-    .await;
+    let l = Leader::named("multiset")
+        .policy(fleet::policy("2s", "8s"))
+        .start()
+        .await;
     let prod = sim::home();
     let prod_us = SetRef::new("tether-us", "prod-us");
     let prod_b = SetRef::new("team-b", "prod");
@@ -57,9 +57,9 @@ async fn members_of_sets_whose_names_used_to_collide_keep_their_own_namespace_an
 
     // Before the fix, a and b were both given tether-prod-us-east-00000.
     let (a, b, c) = tokio::join!(
-        join_in(&l.cluster, &l.admin, &prod, "us-east-00000", "id-a"),
-        join_in(&l.cluster, &l.admin, &prod_us, "east-00000", "id-b"),
-        join_in(&l.cluster, &l.admin, &prod_b, "us-east-00000", "id-c"),
+        join(&l.cluster, &l.admin, "us-east-00000", "id-a").of(&prod),
+        join(&l.cluster, &l.admin, "east-00000", "id-b").of(&prod_us),
+        join(&l.cluster, &l.admin, "us-east-00000", "id-c").of(&prod_b),
     );
     let (a, b, c) = (Arc::new(a), Arc::new(b), Arc::new(c));
     let mut namespaces = vec![a.namespace.clone(), b.namespace.clone(), c.namespace.clone()];
@@ -119,7 +119,7 @@ async fn members_of_sets_whose_names_used_to_collide_keep_their_own_namespace_an
     }
 
     // A join token registers in its own set only, even where the set ID is the same.
-    let j = joiner_of(&l.cluster, &l.admin, &prod).await;
+    let j = joiner(&l.cluster, &l.admin).of(&prod).await;
     let body = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterRegistrationRequest",
                       "metadata": {"name": "sneaky"},
                       "spec": {"clusterID": "id-x", "clusterName": "x", "publicKey": j.public_key}});
@@ -169,11 +169,11 @@ async fn members_of_sets_whose_names_used_to_collide_keep_their_own_namespace_an
 /// CRD (as someone might edit it), the leader still files the member under `dev` alone.
 #[tokio::test]
 async fn a_join_token_of_one_set_cannot_file_its_member_under_another_by_labels() {
-    let l = Leader::start("label-injection", json!({})).await;
+    let l = Leader::named("label-injection").start().await;
     let prod = sim::home();
     let dev = SetRef::new("tether-dev", "dev");
     add_set(&l.admin, &dev).await;
-    let j = joiner_of(&l.cluster, &l.admin, &dev).await;
+    let j = joiner(&l.cluster, &l.admin).of(&dev).await;
     let body = |name: &str| {
         json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterRegistrationRequest",
                "metadata": {"name": name},
@@ -289,7 +289,7 @@ async fn a_join_token_of_one_set_cannot_file_its_member_under_another_by_labels(
 
 #[tokio::test]
 async fn an_existing_namespace_is_never_adopted() {
-    let l = Leader::start("no-adopt", json!({})).await;
+    let l = Leader::named("no-adopt").start().await;
     let ns = sim::ns_of("squatter");
     create_namespace(&l.admin, &ns)
         .await
@@ -325,7 +325,7 @@ async fn an_existing_namespace_is_never_adopted() {
 
 #[tokio::test]
 async fn a_join_token_works_the_moment_it_is_created_every_time() {
-    let l = Leader::start("fresh-token", json!({})).await;
+    let l = Leader::named("fresh-token").start().await;
     let set = sim::home();
     let leader_url = l.cluster.url().to_string();
     let ca = l.cluster.ca_pem().to_string();

@@ -8,6 +8,7 @@
 
 pub mod endpoint;
 pub mod heartbeat;
+mod leave;
 pub mod link;
 pub mod metrics;
 pub mod register;
@@ -28,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::api::{Api, DeleteParams, PatchParams};
+use kube::api::{Api, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -37,12 +38,13 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use tether_api::clusterset::ClusterSetRole;
 use tether_api::conditions::{EventReason, Reason};
-use tether_api::{AGENT_FINALIZER, ClusterSet, ClusterSetStatus, MemberClusterAnnounce, properties};
+use tether_api::{AGENT_FINALIZER, ClusterSet, ClusterSetStatus};
 use tether_join::discovery;
 use tokio::sync::{Mutex, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+pub use leave::deregister;
 pub use metrics::Metrics;
 
 /// The field manager of everything the agent writes.
@@ -322,87 +324,6 @@ impl Context {
     }
 }
 
-/// Deregisters at the leader: deletes the announce `name` with the member's credential (the
-/// leader then removes the member). Already gone counts as done.
-pub async fn deregister(api: &Api<MemberClusterAnnounce>, name: &str) -> Result<(), kube::Error> {
-    match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// Leaves: deregisters at the leader (deletes the announce), then removes the set's
-/// ClusterProperty and the agent's Secrets here. An unreachable leader is given up on after
-/// `leave_timeout`, with a Warning Event and log, so a leave never hangs forever.
-async fn leave(ctx: &Context, set: &ClusterSet) -> Result<(), Error> {
-    info!(set = %set.name_any(), "Leaving the ClusterSet");
-    let stored = state::load_credential(&ctx.client, &ctx.namespace).await?;
-    if let (Some(stored), Some(spec)) = (stored, set.spec.member.as_ref()) {
-        let trust = if spec.insecure_skip_ca_verification
-            && spec.ca_cert_hash.is_none()
-            && spec.ca_bundle.is_none()
-        {
-            discovery::Trust::Insecure
-        } else {
-            discovery::Trust::Ca(stored.credential.ca_cert.clone())
-        };
-        let leader = endpoint::LeaderEndpoint {
-            url: spec.leader_url.clone(),
-            trust,
-        };
-        let client = leader.client(Some(&stored.credential.token))?;
-        let api = Api::<MemberClusterAnnounce>::namespaced(client, &stored.credential.namespace);
-        let deregister = async {
-            loop {
-                match deregister(&api, &spec.cluster_name).await {
-                    Ok(()) => return Ok(()),
-                    // The credential is dead: the leader cannot be told.
-                    Err(kube::Error::Api(s)) if matches!(s.code, 401 | 403) => return Err(s.message),
-                    Err(e) => {
-                        warn!(
-                            error = &e as &dyn std::error::Error,
-                            "Deregistration failed; retrying"
-                        );
-                        tokio::time::sleep(Duration::from_secs(2)).await;
-                    }
-                }
-            }
-        };
-        let why = match tokio::time::timeout(ctx.leave_timeout, deregister).await {
-            Ok(Ok(())) => None,
-            Ok(Err(rejected)) => Some(format!("the leader rejected the credential ({rejected})")),
-            Err(_) => Some(format!(
-                "could not reach the leader within {:?}",
-                ctx.leave_timeout
-            )),
-        };
-        match why {
-            None => info!(set = %set.name_any(), "Deregistered at the leader"),
-            Some(why) => {
-                let msg = format!(
-                    "{why}, so the leader was not told: it marks this member lost and removes it after \
-                     memberExpiry, or an admin removes it there at once with `kubectl delete ns {}`",
-                    stored.credential.namespace
-                );
-                warn!(set = %set.name_any(), "Leave incomplete: {msg}");
-                ctx.event(set, true, EventReason::LeaveIncomplete, &msg).await;
-            }
-        }
-    }
-    state::delete_property(&ctx.client, properties::CLUSTER_SET).await?;
-    state::delete_secret(&ctx.client, &ctx.namespace, state::CREDENTIAL_SECRET).await?;
-    state::delete_secret(&ctx.client, &ctx.namespace, state::KEY_SECRET).await?;
-    ctx.event(
-        set,
-        false,
-        EventReason::Left,
-        "left the ClusterSet; credential and key removed",
-    )
-    .await;
-    Ok(())
-}
-
 async fn reconcile(set: Arc<ClusterSet>, ctx: Arc<Context>) -> Result<Action, Error> {
     if set.spec.role != ClusterSetRole::Member {
         return Ok(Action::await_change());
@@ -420,7 +341,7 @@ async fn reconcile(set: Arc<ClusterSet>, ctx: Arc<Context>) -> Result<Action, Er
             }
             Finalizer::Cleanup(set) => {
                 ctx.stop_sessions(set.uid().as_deref()).await;
-                leave(&ctx, &set).await?;
+                leave::leave(&ctx, &set).await?;
                 Ok(Action::await_change())
             }
         }

@@ -12,8 +12,8 @@ async fn a_compromised_leader_cannot_reach_beyond_its_members_namespaces() {
     use k8s_openapi::api::rbac::v1::RoleBinding;
     use kube::api::PostParams;
 
-    let l = leader("leader-scope", json!({"mode": "Automatic"})).await;
-    let east = sim::join_in(&l.cluster, &l.admin, &sim::home(), "east", "id-east").await;
+    let l = leader("leader-scope", ApprovalMode::Automatic).await;
+    let east = sim::join(&l.cluster, &l.admin, "east", "id-east").await;
     let token = sim::leader_token(&l.admin).await;
     let pod = l.cluster.client_with_token(&token).expect("leader client");
     let pp = PostParams::default();

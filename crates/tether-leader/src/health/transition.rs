@@ -202,12 +202,7 @@ fn humantime(d: Duration) -> String {
 mod tests {
     use super::*;
 
-    const T: Timings = Timings {
-        grace: Duration::from_secs(40),
-        tunnel_grace: Duration::from_secs(1200),
-        detection: Duration::from_secs(15),
-        expiry: Duration::from_secs(3600),
-    };
+    use crate::health::verdict::tests::T;
     const LEADER: &str = "0.5.0";
 
     fn cond(kind: ConditionType, status: Status, reason: Reason) -> Condition {

@@ -146,10 +146,10 @@ impl Verdict {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    const T: Timings = Timings {
+    pub(in crate::health) const T: Timings = Timings {
         grace: Duration::from_secs(40),
         tunnel_grace: Duration::from_secs(1200),
         detection: Duration::from_secs(15),
