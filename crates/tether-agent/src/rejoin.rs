@@ -15,7 +15,7 @@ use tether_tunnel::rejoin_path;
 use tracing::info;
 
 use crate::Error;
-use crate::tunnel::{Dial, MAX_CHALLENGE, read_challenge, refused, send};
+use crate::tunnel::{Dial, MAX_CHALLENGE, proof_refused, read_challenge, refused, send};
 
 /// Who rejoins.
 pub struct Member<'a> {
@@ -26,6 +26,9 @@ pub struct Member<'a> {
     /// The agent's private key.
     pub identity: &'a str,
 }
+
+/// How many challenges one rejoin asks for while the leader refuses the proofs themselves.
+const CHALLENGES: usize = 3;
 
 fn classify(d: Dial) -> Error {
     match d {
@@ -40,19 +43,29 @@ fn classify(d: Dial) -> Error {
 /// could not answer now.
 pub async fn rejoin(anonymous: &Client, m: &Member<'_>) -> Result<MemberCredential, Error> {
     let path = rejoin_path(m.namespace, m.name);
-    let proof = read_challenge(anonymous, &path, m.namespace, m.name, m.identity)
-        .await
-        .map_err(classify)?;
-    let req = Request::get(path.as_str())
-        .header(ATTACH_PROOF, proof)
-        .body(KubeBody::empty())
-        .map_err(|e| Error::RejoinRefused(e.to_string()))?;
-    let resp = send(anonymous, req).await.map_err(classify)?;
-    let code = resp.status();
-    let body = pipe::collect_limited(resp.into_body(), MAX_CHALLENGE).await;
-    if code != StatusCode::OK {
-        return Err(classify(refused(code, &body)));
-    }
+    let mut asked = 0;
+    let body = loop {
+        asked += 1;
+        let proof = read_challenge(anonymous, &path, m.namespace, m.name, m.identity)
+            .await
+            .map_err(classify)?;
+        let req = Request::get(path.as_str())
+            .header(ATTACH_PROOF, proof)
+            .body(KubeBody::empty())
+            .map_err(|e| Error::RejoinRefused(e.to_string()))?;
+        let resp = send(anonymous, req).await.map_err(classify)?;
+        let code = resp.status();
+        let body = pipe::collect_limited(resp.into_body(), MAX_CHALLENGE).await;
+        match code {
+            StatusCode::OK => break body,
+            // NB: the proof, not the member, was refused (it expired in flight, a failover put
+            // another replica behind the API, or a resent request found it used): a new one.
+            _ if proof_refused(code, &body) && asked < CHALLENGES => {
+                info!(member = %m.name, "The leader refused a rejoin proof; asking for a new challenge");
+            }
+            _ => return Err(classify(refused(code, &body))),
+        }
+    };
     let answer: Rejoined = serde_json::from_slice(&body)
         .map_err(|e| Error::RejoinRefused(format!("the leader's rejoin answer is not readable: {e}")))?;
     let credential = tether_seal::unseal(&answer.sealed, m.identity)?;

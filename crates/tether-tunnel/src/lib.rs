@@ -46,10 +46,15 @@ pub fn status(code: http::StatusCode, message: &str) -> http::Response<pipe::Bod
         .unwrap_or("Error")
         .split_whitespace()
         .collect();
+    status_because(code, &reason, message)
+}
+
+/// As [`status`], with the Status `reason` given (for example [`proof::PROOF_REFUSED`]).
+pub fn status_because(code: http::StatusCode, reason: &str, message: &str) -> http::Response<pipe::Body> {
     let s = k8s_openapi::apimachinery::pkg::apis::meta::v1::Status {
         code: Some(i32::from(code.as_u16())),
         message: Some(message.to_string()),
-        reason: Some(reason),
+        reason: Some(reason.to_string()),
         status: Some("Failure".into()),
         ..Default::default()
     };

@@ -12,6 +12,10 @@ use serde::{Deserialize, Serialize};
 pub const ATTACH_PROOF: HeaderName = HeaderName::from_static("tether-attach-proof");
 /// What every challenge plaintext starts with.
 const CONTEXT: &str = "tether-attach-challenge.v1";
+/// The `reason` of the leader's 403 Status when a proof itself is refused (expired, used
+/// already, issued by another replica, malformed) rather than the member: the agent asks for a
+/// new challenge and tries again instead of concluding it was removed.
+pub const PROOF_REFUSED: &str = "Expired";
 /// Longest proof token accepted (the leader's are about 100 characters).
 pub const MAX_PROOF: usize = 256;
 

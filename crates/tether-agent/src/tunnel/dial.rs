@@ -4,10 +4,11 @@
 
 use http::header::{CONNECTION, UPGRADE};
 use http::{Request, Response, StatusCode};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use kube::Client;
 use kube::client::Body as KubeBody;
 use tether_tunnel::pipe::{self};
-use tether_tunnel::proof::{self, ATTACH_PROOF, Challenge, Renewed};
+use tether_tunnel::proof::{self, ATTACH_PROOF, Challenge, PROOF_REFUSED, Renewed};
 use tether_tunnel::{UPGRADE_PROTOCOL, attach_path};
 
 use crate::Metrics;
@@ -67,12 +68,20 @@ pub(crate) fn refused(code: StatusCode, body: &[u8]) -> Dial {
         String::from_utf8_lossy(body).trim()
     );
     // NB: 503 from the aggregator means the leader replica is not (yet) reachable behind the
-    // APIService, as during a failover: retry at the normal pace.
-    if code.is_server_error() {
+    // APIService, as during a failover: retry at the normal pace. A refused proof (expired, used
+    // already, issued by another replica) says nothing about the member: a new challenge may pass.
+    if code.is_server_error() || proof_refused(code, body) {
         Dial::unreachable(why)
     } else {
         Dial::Refused(why)
     }
+}
+
+/// Whether the leader refused the proof itself, not the member: a 403 Status whose reason is
+/// `PROOF_REFUSED`.
+pub(crate) fn proof_refused(code: StatusCode, body: &[u8]) -> bool {
+    code == StatusCode::FORBIDDEN
+        && serde_json::from_slice::<Status>(body).is_ok_and(|s| s.reason.as_deref() == Some(PROOF_REFUSED))
 }
 
 /// Asks the leader for a challenge and reads the proof out of it with the member's key.
@@ -158,5 +167,37 @@ pub(super) async fn reprove(client: Client, at: Attach, metrics: Metrics) {
                 "Cannot prove the key over the renewed credential; the leader closes the tunnel when the old one expires, and it is redialled"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_proof_is_retried_and_a_refused_member_is_not() {
+        let body = |reason: &str| {
+            serde_json::json!({"kind": "Status", "apiVersion": "v1", "code": 403, "reason": reason,
+                               "message": "member east: the attach proof was used already"})
+            .to_string()
+        };
+        let proof = body(PROOF_REFUSED);
+        assert!(proof_refused(StatusCode::FORBIDDEN, proof.as_bytes()));
+        assert!(matches!(
+            refused(StatusCode::FORBIDDEN, proof.as_bytes()),
+            Dial::Unreachable(_)
+        ));
+        let member = body("Forbidden");
+        assert!(!proof_refused(StatusCode::FORBIDDEN, member.as_bytes()));
+        assert!(matches!(
+            refused(StatusCode::FORBIDDEN, member.as_bytes()),
+            Dial::Refused(_)
+        ));
+        assert!(!proof_refused(StatusCode::UNAUTHORIZED, proof.as_bytes()));
+        assert!(!proof_refused(StatusCode::FORBIDDEN, b"not json"));
+        assert!(matches!(
+            refused(StatusCode::SERVICE_UNAVAILABLE, b""),
+            Dial::Unreachable(_)
+        ));
     }
 }

@@ -25,7 +25,7 @@ mod dial;
 mod forward;
 
 pub use dial::{Cause, attach_unserved};
-pub(crate) use dial::{Dial, read_challenge, refused, send};
+pub(crate) use dial::{Dial, proof_refused, read_challenge, refused, send};
 use dial::{dial, reprove};
 use forward::{Member, forward};
 

@@ -125,7 +125,7 @@ pub(super) fn attach(
     if let Err(why) = redeemed {
         sh.ctx.metrics.proxied(why.label());
         warn!(member = %m.name, namespace = %m.namespace, reason = why.label(), "Refused an attach proof");
-        return status(StatusCode::FORBIDDEN, &format!("member {}: {why}", m.name));
+        return super::rejoin::refused_proof(&m, why);
     }
     // NB: a tunnel proven now lives without a new proof for the lifetime of the credential
     // its agent attached with (the set's `credentialTTL`), so that it never outlives that token.

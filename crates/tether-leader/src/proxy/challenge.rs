@@ -149,6 +149,22 @@ impl Challenges {
         Ok(())
     }
 
+    /// Forgets that `token`, redeemed a moment ago, was used: the leader could not finish what
+    /// it proved (it answered 5xx), so the agent may send the same proof again within its minute
+    /// (kube's client resends a request answered 503 by itself).
+    pub fn release(&self, m: &MemberKey, purpose: Purpose, token: &str) {
+        let mut parts = token.split('.');
+        let (Some(issued), Some(nonce)) = (parts.next(), parts.next()) else {
+            return;
+        };
+        let Ok(issued) = issued.parse::<u64>() else {
+            return;
+        };
+        let mac = self.mac(m, purpose, issued, nonce);
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        used.seen.remove(&mac);
+    }
+
     /// How many redeemed proofs are remembered (for tests and metrics).
     pub fn remembered(&self) -> usize {
         self.used.lock().map(|u| u.seen.len()).unwrap_or_default()
@@ -164,6 +180,30 @@ mod tests {
             namespace: format!("tether-prod-{name}"),
             name: name.into(),
         }
+    }
+
+    #[test]
+    fn a_released_proof_may_be_sent_again_and_is_then_used() {
+        let c = Challenges::default();
+        let east = member("east");
+        let t = c.issue(&east, Purpose::Rejoin, 1000);
+        assert_eq!(c.redeem(&east, Purpose::Rejoin, &t, 1001), Ok(()));
+        c.release(&east, Purpose::Rejoin, &t);
+        assert_eq!(
+            c.redeem(&east, Purpose::Rejoin, &t, 1002),
+            Ok(()),
+            "sent again after a 503"
+        );
+        assert_eq!(c.redeem(&east, Purpose::Rejoin, &t, 1003), Err(Refused::Reused));
+        let other = c.issue(&east, Purpose::Rejoin, 1000);
+        c.release(&member("west"), Purpose::Rejoin, &other);
+        c.release(&east, Purpose::Rejoin, "not.a.token");
+        assert_eq!(c.redeem(&east, Purpose::Rejoin, &other, 1001), Ok(()));
+        assert_eq!(
+            c.redeem(&east, Purpose::Rejoin, &t, 1070),
+            Err(Refused::Expired),
+            "a release does not extend the minute"
+        );
     }
 
     #[test]

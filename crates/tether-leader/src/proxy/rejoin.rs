@@ -19,7 +19,7 @@ use tether_api::ManagedCluster;
 use tether_api::conditions::EventReason;
 use tether_tunnel::pipe::Body;
 use tether_tunnel::proof::{self, ATTACH_PROOF, Challenge, Rejoined};
-use tether_tunnel::{REJOIN, status};
+use tether_tunnel::{REJOIN, status, status_because};
 use tracing::{info, warn};
 
 use super::challenge::{Purpose, Refused};
@@ -67,15 +67,21 @@ pub(super) async fn rejoin(req: Request<Incoming>, m: MemberKey, sh: &Arc<Shared
             ),
         };
     };
-    let redeemed = match given.to_str() {
-        Ok(p) if p.len() <= proof::MAX_PROOF => sh.challenges.redeem(&m, Purpose::Rejoin, p, now),
-        _ => Err(Refused::Malformed),
+    let given = match given.to_str() {
+        Ok(p) if p.len() <= proof::MAX_PROOF => p,
+        _ => "",
     };
-    if let Err(why) = redeemed {
+    if let Err(why) = sh.challenges.redeem(&m, Purpose::Rejoin, given, now) {
         sh.ctx.metrics.proxied(why.label());
         warn!(member = %m.name, namespace = %m.namespace, reason = why.label(), "Refused a rejoin proof");
-        return status(StatusCode::FORBIDDEN, &format!("member {}: {why}", m.name));
+        return refused_proof(&m, why);
     }
+    // NB: on a 5xx below, the proof is released: the agent (or its client's own retry of a
+    // 503) may send it again, and is not told its key was refused.
+    let unavailable = |message: &str| {
+        sh.challenges.release(&m, Purpose::Rejoin, given);
+        status(StatusCode::SERVICE_UNAVAILABLE, message)
+    };
     // NB: a valid proof came from a challenge sealed to the registered key, so the member was
     // eligible a moment ago; it may have been removed or banned since.
     let Some((mc, key, ttl)) = member else {
@@ -101,10 +107,7 @@ pub(super) async fn rejoin(req: Request<Incoming>, m: MemberKey, sh: &Arc<Shared
             );
         }
         None => {
-            return status(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "this leader replica is still reading the members' identities; retry shortly",
-            );
+            return unavailable("this leader replica is still reading the members' identities; retry shortly");
         }
     }
     let (credential, expiry) = match mint_credential(&sh.ctx, &m.namespace, ttl).await {
@@ -112,10 +115,7 @@ pub(super) async fn rejoin(req: Request<Incoming>, m: MemberKey, sh: &Arc<Shared
         Err(e) => {
             sh.ctx.metrics.proxied("rejoin_error");
             warn!(member = %m.name, error = &e as &dyn std::error::Error, "Cannot mint a rejoin credential");
-            return status(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &format!("cannot mint a credential: {e}"),
-            );
+            return unavailable(&format!("cannot mint a credential: {e}"));
         }
     };
     let sealed = match tether_seal::seal(&credential, &key) {
@@ -145,4 +145,13 @@ pub(super) async fn rejoin(req: Request<Incoming>, m: MemberKey, sh: &Arc<Shared
     )
     .await;
     json(&serde_json::json!(Rejoined { sealed }))
+}
+
+/// The 403 of a refused proof: its Status reason tells the agent to ask for a new challenge.
+pub(super) fn refused_proof(m: &MemberKey, why: Refused) -> Response<Body> {
+    status_because(
+        StatusCode::FORBIDDEN,
+        proof::PROOF_REFUSED,
+        &format!("member {}: {why}", m.name),
+    )
 }
