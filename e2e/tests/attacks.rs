@@ -344,6 +344,14 @@ async fn an_attach_with_the_members_own_key_replaces_the_tunnel_with_a_warning(w
         code == StatusCode::FORBIDDEN && body.contains("used already"),
         "a proof is single-use: {code} {body}"
     );
+    // The Status reason, through the aggregator, tells the agent to ask for a new challenge
+    // rather than conclude that its member was removed.
+    let status: serde_json::Value = serde_json::from_str(&body).expect("a Status");
+    assert_eq!(
+        status["reason"],
+        tether_tunnel::proof::PROOF_REFUSED,
+        "a refused proof is marked: {body}"
+    );
     let replaced = leader_metric(&w.leader, "tether_leader_tunnel_replacements_total").await;
     assert_eq!(replaced, 1.0, "the replacement is counted");
     eventually(
