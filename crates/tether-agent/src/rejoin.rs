@@ -79,3 +79,106 @@ pub async fn rejoin(anonymous: &Client, m: &Member<'_>) -> Result<MemberCredenti
           "Rejoined with the member's registered key");
     Ok(credential)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing;
+    use serde_json::{Value, json};
+    use tether_tunnel::proof::{PROOF_REFUSED, plaintext};
+
+    const NS: &str = "tether-prod-east-1";
+
+    /// A leader that answers every challenge GET (even calls) with a challenge sealed to
+    /// `public`, and each proof (odd calls) with `proofs(n)` for the n-th proof.
+    fn leader(
+        public: String,
+        proofs: impl Fn(usize) -> (u16, Value) + Send + Sync + 'static,
+    ) -> (Client, testing::Calls) {
+        testing::client(move |_, _, n| {
+            if n % 2 == 0 {
+                let sealed = tether_seal::seal_text(&plaintext(NS, "east", &format!("token-{n}")), &public)
+                    .expect("seal a challenge");
+                (200, json!({"sealed": sealed}))
+            } else {
+                proofs(n / 2)
+            }
+        })
+    }
+
+    fn refused_proof() -> (u16, Value) {
+        (
+            403,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403,
+                   "reason": PROOF_REFUSED, "message": "member east: the attach proof was used already"}),
+        )
+    }
+
+    fn credential(public: &str) -> (u16, Value) {
+        let c = MemberCredential {
+            token: "new-token".into(),
+            expiration_timestamp: "2030-01-01T00:00:00Z".into(),
+            namespace: NS.into(),
+            service_account: "tether-agent".into(),
+            ca_cert: String::new(),
+        };
+        (
+            200,
+            json!({"sealed": tether_seal::seal(&c, public).expect("seal")}),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_refused_proof_gets_a_new_challenge_and_the_member_back() {
+        let (identity, public) = tether_seal::generate_keypair();
+        let key = public.clone();
+        let (client, calls) = leader(public, move |proof| {
+            if proof == 0 {
+                refused_proof()
+            } else {
+                credential(&key)
+            }
+        });
+        let m = Member {
+            namespace: NS,
+            name: "east",
+            identity: &identity,
+        };
+        let c = rejoin(&client, &m)
+            .await
+            .expect("rejoined on the second challenge");
+        assert_eq!(c.token, "new-token");
+        assert_eq!(testing::count(&calls, "GET"), 4, "two challenges, two proofs");
+    }
+
+    #[tokio::test]
+    async fn proofs_refused_every_time_leave_the_member_to_try_later_not_removed() {
+        let (identity, public) = tether_seal::generate_keypair();
+        let (client, calls) = leader(public, |_| refused_proof());
+        let m = Member {
+            namespace: NS,
+            name: "east",
+            identity: &identity,
+        };
+        let err = rejoin(&client, &m).await.expect_err("refused");
+        assert!(
+            matches!(err, Error::RejoinUnreachable(_)),
+            "kept for later: {err}"
+        );
+        assert_eq!(testing::count(&calls, "GET"), 2 * CHALLENGES, "bounded");
+    }
+
+    #[tokio::test]
+    async fn a_refused_member_is_refused_at_once() {
+        let (identity, public) = tether_seal::generate_keypair();
+        let (client, calls) = leader(public, |_| testing::failure(403));
+        let m = Member {
+            namespace: NS,
+            name: "east",
+            identity: &identity,
+        };
+        let err = rejoin(&client, &m).await.expect_err("refused");
+        assert!(matches!(err, Error::RejoinRefused(_)), "{err}");
+        assert_eq!(testing::count(&calls, "GET"), 2, "no second challenge");
+    }
+}

@@ -107,7 +107,9 @@ pub(super) async fn rejoin(req: Request<Incoming>, m: MemberKey, sh: &Arc<Shared
             );
         }
         None => {
-            return unavailable("this leader replica is still reading the members' identities; retry shortly");
+            return unavailable(
+                "this leader replica is still reading the members' identities; retry shortly",
+            );
         }
     }
     let (credential, expiry) = match mint_credential(&sh.ctx, &m.namespace, ttl).await {
