@@ -125,6 +125,7 @@ async fn silent_member_goes_unknown_within_grace_and_recovers_without_leader_wri
         "renewals are observed as heartbeat ages ({observed}):\n{text}"
     );
 
+    wait_event(&l.admin, "east", "MemberReady").await;
     // Silence: Unknown within gracePeriod + 5 s of the last heartbeat.
     drop(beating);
     let stopped = Instant::now();

@@ -32,7 +32,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::controller::Action;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 use tether_api::clusterset::ClusterSetRole;
@@ -86,7 +85,7 @@ pub struct Context {
     /// When each member last renewed, as this replica saw it.
     pub health: Arc<health::Tracker>,
     /// Publishes Events.
-    pub recorder: Recorder,
+    pub events: write::Events,
     /// PEM CA bundle of the leader's API server.
     pub leader_ca: String,
     /// Prometheus metrics.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -111,7 +111,7 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         nudge,
         requests: requests.store(),
         health,
-        recorder: Recorder::new(client.clone(), reporter),
+        events: crate::write::Events::new(client.clone(), reporter),
         leader_ca: opts.leader_ca.clone(),
         metrics: opts.metrics.clone(),
         leader: opts.leader.clone(),

@@ -2,8 +2,9 @@
 //! does not hold the lease: a replica that loses leadership stops writing at once, even in the
 //! middle of a reconcile.
 
+use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -101,10 +102,59 @@ where
         action: action.into(),
         secondary: None,
     };
-    if let Err(err) = ctx.recorder.publish(&ev, &obj.object_ref(&())).await {
+    if let Err(err) = ctx
+        .events
+        .recorder(reason)
+        .publish(&ev, &obj.object_ref(&()))
+        .await
+    {
         warn!(object = %obj.meta().name.as_deref().unwrap_or_default(), error = &err as &dyn std::error::Error,
               "Cannot publish event");
     }
+}
+
+/// Publishes the leader's Events. kube's recorder keeps every Event it published for six minutes
+/// to count repeats into one series; that only helps an Event that can repeat on the same object
+/// (a member lost and recovered, a tunnel replaced), and a registration burst of 10,000 members
+/// would hold tens of MiB of one-time Events. So one-time Events go through a recorder of their
+/// own, which keeps nothing.
+pub struct Events {
+    shared: Recorder,
+    client: Client,
+    reporter: Reporter,
+}
+
+impl Events {
+    /// Events published as `reporter` through `client`.
+    pub fn new(client: Client, reporter: Reporter) -> Self {
+        Self {
+            shared: Recorder::new(client.clone(), reporter.clone()),
+            client,
+            reporter,
+        }
+    }
+
+    fn recorder(&self, reason: EventReason) -> Recorder {
+        if once(reason) {
+            Recorder::new(self.client.clone(), self.reporter.clone())
+        } else {
+            self.shared.clone()
+        }
+    }
+}
+
+/// Whether an Event marks a step that happens once in its object's life: it never repeats on
+/// the same object, so it gains nothing from the recorder's series.
+fn once(reason: EventReason) -> bool {
+    matches!(
+        reason,
+        EventReason::RegistrationApproved
+            | EventReason::MemberReady
+            | EventReason::MemberLeft
+            | EventReason::MemberExpired
+            | EventReason::MemberRemoved
+            | EventReason::Destroyed
+    )
 }
 
 /// `namespace/name` of an object, the key of in-memory records.

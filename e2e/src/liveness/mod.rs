@@ -83,6 +83,8 @@ pub struct Outcome {
     pub steady_cpu: (f64, f64, f64),
     /// RSS MiB with every tunnel attached: leader, kube-apiserver, etcd.
     pub rss: (f64, f64, f64),
+    /// The leader's RSS MiB before any member joined, and with every member in and no tunnel yet.
+    pub leader_before: (f64, f64),
     /// Time from tunnels started to all attached.
     pub attach_all: Duration,
     /// Killed agents to Unknown, sorted.
@@ -223,6 +225,7 @@ pub async fn run(s: &Settings) -> Outcome {
             Err(e) => panic!("connect to the leader: {e}"),
         }
     };
+    let leader_alone = rss_mib(leader.controller.pid(), "VmRSS");
 
     eprintln!(
         "== [{n}] registering {n} members, {} in flight (heartbeat {interval}s without a tunnel)",
@@ -270,6 +273,7 @@ pub async fn run(s: &Settings) -> Outcome {
     crate::scale::wait_for_counts(&admin, n, n, Duration::from_secs(900)).await;
     eprintln!("== [{n}] all Ready without tunnels; measuring what the members hold");
     let (members_held, members_etcd) = held_settled(&admin, api_pid, etcd_pid, Duration::from_secs(20)).await;
+    let leader_before = (leader_alone, rss_mib(leader.controller.pid(), "VmRSS"));
 
     eprintln!("== [{n}] attaching {n} tunnels");
     let t0 = Instant::now();
@@ -346,6 +350,7 @@ pub async fn run(s: &Settings) -> Outcome {
         steady_writes,
         steady_cpu: (cpu[0], cpu[1], cpu[2]),
         rss,
+        leader_before,
         attach_all,
         killed: detection.0,
         frozen: detection.1,

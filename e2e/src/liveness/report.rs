@@ -63,6 +63,15 @@ pub fn report(o: &Outcome) -> String {
             o.rss.0, o.rss.1, o.rss.2
         ),
     );
+    let (alone, members) = o.leader_before;
+    line(
+        "leader RSS per member, per tunnel",
+        format!(
+            "{:.1} KiB, {:.1} KiB ({alone:.0} MiB alone, {members:.0} MiB with every member and no tunnel)",
+            (members - alone) * 1024.0 / o.members as f64,
+            (o.rss.0 - members) * 1024.0 / o.members as f64,
+        ),
+    );
     line(
         &format!("killed → Unknown ({} agents)", o.killed.len()),
         format!(
