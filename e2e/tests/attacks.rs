@@ -376,7 +376,26 @@ async fn an_attach_with_the_members_own_key_replaces_the_tunnel_with_a_warning(w
         },
     )
     .await;
-    drop(up);
+    // An agent from before the on-demand start (it offers nothing at attach) gets HTTP/2 from
+    // the first byte, and the leader's requests reach it over that.
+    let up = up.expect("upgraded");
+    let answer = |_req: Request<hyper::body::Incoming>| async {
+        let list = json!({"kind": "NamespaceList", "apiVersion": "v1", "metadata": {},
+                          "items": [{"metadata": {"name": "served-by-an-agent-from-before"}}]});
+        Ok::<_, std::convert::Infallible>(hyper::Response::new(http_body_util::Full::new(
+            bytes::Bytes::from(list.to_string()),
+        )))
+    };
+    let served = tokio::spawn(
+        hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .serve_connection(up, hyper::service::service_fn(answer)),
+    );
+    let alice = through(&w.leader, "alice", None, "east").await;
+    let text = get(&alice, "/api/v1/namespaces", &[])
+        .await
+        .expect("served through the old-style tunnel");
+    assert!(text.contains("served-by-an-agent-from-before"), "{text}");
+    served.abort();
     // The agent's own tunnel was closed by the replacement; it redials and serves again.
     alice_is_served(w, "east").await;
 }

@@ -3,12 +3,14 @@
 //! caller's identity across the tunnel and which are never trusted (`headers`), how a leader
 //! identity becomes a member impersonation (`identity`), how the agent proves the member's key
 //! at attach (`proof`), how a member credential crosses the leader sealed (`passthrough`), the bounds on what a caller can make an end hold (`limits`), the
+//! one-byte pings a tunnel carries until its first request starts HTTP/2 on it (`idle`), the
 //! byte plumbing of the tunnel (`pipe`) and what both ends do with an answer they relay (`relay`): HTTP/2 with the leader as client and the agent as server, over a connection the
 //! agent opened through the leader's API server.
 
 pub mod cert;
 pub mod headers;
 pub mod identity;
+pub mod idle;
 pub mod limits;
 pub mod passthrough;
 pub mod pipe;

@@ -9,7 +9,7 @@ use kube::Client;
 use kube::client::Body as KubeBody;
 use tether_tunnel::pipe::{self};
 use tether_tunnel::proof::{self, ATTACH_PROOF, Challenge, PROOF_REFUSED, Renewed};
-use tether_tunnel::{UPGRADE_PROTOCOL, attach_path};
+use tether_tunnel::{UPGRADE_PROTOCOL, attach_path, idle};
 
 use crate::Metrics;
 use tracing::{info, warn};
@@ -19,7 +19,16 @@ use super::{Attach, MAX_CHALLENGE};
 /// Attaches member `at`'s tunnel once and hands back the upgraded connection without serving
 /// anything on it: a tunnel that answers nothing, not even pings (the benchmark's frozen agent).
 pub async fn attach_unserved(client: &Client, at: &Attach) -> Result<hyper::upgrade::Upgraded, String> {
-    dial(client, at).await.map_err(|d| d.to_string())
+    dial(client, at).await.map(|t| t.io).map_err(|d| d.to_string())
+}
+
+/// An attached tunnel.
+pub(crate) struct Attached {
+    /// The upgraded connection.
+    pub io: hyper::upgrade::Upgraded,
+    /// Whether the leader starts HTTP/2 on it at its first request only (`tether_tunnel::idle`);
+    /// otherwise it runs from the first byte.
+    pub on_demand: bool,
 }
 
 /// The cause of a failure to reach the leader.
@@ -51,7 +60,8 @@ fn attach_request(at: &Attach, proof: Option<&str>, upgrade: bool) -> Result<Req
     if upgrade {
         req = req
             .header(CONNECTION, "Upgrade")
-            .header(UPGRADE, UPGRADE_PROTOCOL);
+            .header(UPGRADE, UPGRADE_PROTOCOL)
+            .header(idle::START_HEADER, idle::ON_DEMAND);
     }
     req.body(KubeBody::empty()).map_err(Dial::unreachable)
 }
@@ -122,8 +132,9 @@ pub(crate) async fn read_challenge(
 }
 
 /// Opens the tunnel: a challenge answered with the member's key, then an HTTP/1.1 upgrade
-/// through the leader's API server that carries the proof.
-pub(super) async fn dial(client: &Client, at: &Attach) -> Result<hyper::upgrade::Upgraded, Dial> {
+/// through the leader's API server that carries the proof (and offers to start HTTP/2 on
+/// demand; a leader from before ignores the offer).
+pub(super) async fn dial(client: &Client, at: &Attach) -> Result<Attached, Dial> {
     let p = proof(client, at).await?;
     let mut resp = send(client, attach_request(at, Some(&p), true)?).await?;
     let code = resp.status();
@@ -136,7 +147,12 @@ pub(super) async fn dial(client: &Client, at: &Attach) -> Result<hyper::upgrade:
             other => other,
         });
     }
-    hyper::upgrade::on(&mut resp).await.map_err(Dial::unreachable)
+    let on_demand = resp
+        .headers()
+        .get(idle::START_HEADER)
+        .is_some_and(|v| v == idle::ON_DEMAND);
+    let io = hyper::upgrade::on(&mut resp).await.map_err(Dial::unreachable)?;
+    Ok(Attached { io, on_demand })
 }
 
 /// Proves the key again over `client` (a renewed credential), so the live tunnel is kept.

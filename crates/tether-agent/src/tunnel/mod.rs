@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use kube::Client;
 use rand::Rng;
 use tether_tunnel::identity::AllowList;
@@ -97,6 +97,34 @@ pub struct Attach {
     pub key: String,
 }
 
+/// Serves member `m` on an attached tunnel until it ends, pinging every `ping`: idle until the
+/// leader starts HTTP/2 if it said so at attach, HTTP/2 throughout otherwise.
+async fn serve(attached: dial::Attached, m: Member, ping: Duration) -> Result<(), Cause> {
+    let io = if attached.on_demand {
+        let idle = tether_tunnel::idle::follow(TokioIo::new(attached.io), ping, ping * PING_MISSES);
+        match idle.await {
+            Ok(io) => io.into_inner(),
+            // NB: the leader closed it (a handover, a replacement): a close, as HTTP/2's would be.
+            Err(tether_tunnel::idle::Error::Closed) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+    } else {
+        attached.io
+    };
+    let svc = hyper::service::service_fn(move |req| forward(req, m.clone()));
+    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .keep_alive_interval(ping)
+        .keep_alive_timeout(ping * PING_MISSES)
+        // NB: above MAX_STREAMS, so that the stream past the limit is answered 429 rather than
+        // left waiting for a protocol slot at the leader.
+        .max_concurrent_streams(2 * MAX_STREAMS as u32)
+        .max_header_list_size(64 * 1024)
+        .serve_connection(io, svc)
+        .await?;
+    Ok(())
+}
+
 /// Keeps a tunnel to the leader attached for member `at`, dialing with the current client of
 /// `leader`, and proves the key again over each renewed credential (never returns). `link`
 /// hears whether it is attached, and says how often to ping.
@@ -112,9 +140,9 @@ pub async fn run(
         let client = leader.borrow_and_update().clone();
         let started = Instant::now();
         match dial(&client, &at).await {
-            Ok(upgraded) => {
+            Ok(attached) => {
                 access.metrics.attach("attached");
-                info!(namespace = %at.namespace, "Tunnel to the leader attached");
+                info!(namespace = %at.namespace, on_demand = attached.on_demand, "Tunnel to the leader attached");
                 let m = Member {
                     set: at.set.clone(),
                     namespace: at.namespace.clone(),
@@ -123,21 +151,12 @@ pub async fn run(
                     access: access.clone(),
                     streams: Streams::new(MAX_STREAMS),
                 };
-                let svc = hyper::service::service_fn(move |req| forward(req, m.clone()));
                 // NB: pinged at the leader's interval, so that a tunnel the leader no longer
                 // answers on is redialled as soon as the leader would call it lost.
                 let ping = link.ping();
                 link.set_attached(true);
                 access.metrics.set_tunnel_attached(true);
-                let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                    .timer(TokioTimer::new())
-                    .keep_alive_interval(ping)
-                    .keep_alive_timeout(ping * PING_MISSES)
-                    // NB: above MAX_STREAMS, so that the stream past the limit is answered 429
-                    // rather than left waiting for a protocol slot at the leader.
-                    .max_concurrent_streams(2 * MAX_STREAMS as u32)
-                    .max_header_list_size(64 * 1024)
-                    .serve_connection(upgraded, svc);
+                let served = serve(attached, m, ping);
                 tokio::pin!(served);
                 let served = loop {
                     tokio::select! {

@@ -3,30 +3,33 @@
 //! sealed to that key. A replaced tunnel is a Warning; a proven one lives for the credential it
 //! attached with, unless proven again.
 
+use std::pin::Pin;
 use std::sync::Arc;
 
 use http::header::{CONNECTION, UPGRADE};
 use http::{HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper::upgrade::Upgraded;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use tether_api::ManagedCluster;
+use tether_api::clusterset::LeaderSpec;
 use tether_api::conditions::EventReason;
 use tether_tunnel::identity::Caller;
 use tether_tunnel::pipe::{self, Body};
 use tether_tunnel::proof::{self, ATTACH_PROOF, Challenge, Renewed};
-use tether_tunnel::{ATTACH, UPGRADE_PROTOCOL, headers, status};
+use tether_tunnel::{ATTACH, UPGRADE_PROTOCOL, headers, idle, status};
 use tracing::{debug, info, warn};
 
 use super::challenge::{Purpose, Refused};
 use super::shared::{Shared, json, member_cluster, registered_key, unix_now};
-use super::tunnels::MemberKey;
+use super::tunnels::{Carrier, Line, MemberKey};
 use crate::Context;
 use crate::naming::AGENT_SERVICE_ACCOUNT;
 
 /// The leader policy of member `mc`'s set (the defaults if the set is gone).
-fn policy_of(ctx: &Context, mc: &ManagedCluster) -> tether_api::clusterset::LeaderSpec {
+fn policy_of(ctx: &Context, mc: &ManagedCluster) -> LeaderSpec {
     ctx.set_of(mc)
         .and_then(|set| ctx.leader_set(&set))
         .and_then(|s| s.spec.leader.clone())
@@ -149,6 +152,12 @@ pub(super) fn attach(
             )
         };
     }
+    // NB: an agent that offers it gets a tunnel that starts HTTP/2 on its first request only
+    // (`tether_tunnel::idle`); one from before gets HTTP/2 at once.
+    let on_demand = req
+        .headers()
+        .get(idle::START_HEADER)
+        .is_some_and(|v| v == idle::ON_DEMAND);
     let on_upgrade = hyper::upgrade::on(&mut req);
     let sh = sh.clone();
     tokio::spawn(async move {
@@ -159,36 +168,32 @@ pub(super) fn attach(
                 return;
             }
         };
-        // NB: the set's ping interval and timeout: a tunnel that stops answering closes with a
-        // timeout error, which the member's health counts as lost at once.
-        let handshake = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .keep_alive_interval(policy.ping())
-            .keep_alive_timeout(policy.ping_timeout())
-            .keep_alive_while_idle(true)
-            .handshake::<_, Body>(upgraded)
-            .await;
-        let (send, conn) = match handshake {
-            Ok(h) => h,
-            Err(e) => {
-                warn!(member = %m.name, error = %e, "Tunnel handshake failed");
-                return;
+        let (line, carrier, start) = if on_demand {
+            let (line, carrier) = Line::new(None);
+            (line, carrier, Start::Idle(upgraded))
+        } else {
+            match Box::pin(handshake(upgraded, &policy)).await {
+                Ok((send, conn)) => {
+                    let (line, carrier) = Line::new(Some(send));
+                    (line, carrier, Start::Running(Box::pin(conn)))
+                }
+                Err(e) => {
+                    warn!(member = %m.name, error = %e, "Tunnel handshake failed");
+                    return;
+                }
             }
         };
         let tunnels = &sh.tunnels;
-        let inserted = tunnels.insert(m.clone(), send, key, deadline);
-        info!(member = %m.name, namespace = %m.namespace, tunnels = tunnels.len(), "Tunnel connected");
+        let inserted = tunnels.insert(m.clone(), line, key, deadline);
+        info!(member = %m.name, namespace = %m.namespace, tunnels = tunnels.len(), on_demand, "Tunnel connected");
         if inserted.replaced {
             replaced(&sh.ctx, &mc).await;
         }
         let silent = tokio::select! {
-            r = conn => match r {
-                Ok(()) => false,
-                Err(e) => {
-                    debug!(member = %m.name, error = %e, "Tunnel closed with an error");
-                    e.is_timeout()
-                }
-            },
+            r = carry(start, carrier, &policy, &m) => r.err().is_some_and(|e| {
+                debug!(member = %m.name, error = %e.error, "Tunnel closed with an error");
+                e.silent
+            }),
             _ = inserted.close.cancelled() => false,
             _ = sh.stop.cancelled() => false,
         };
@@ -206,7 +211,76 @@ pub(super) fn attach(
         .insert(CONNECTION, HeaderValue::from_static("Upgrade"));
     resp.headers_mut()
         .insert(UPGRADE, HeaderValue::from_static(UPGRADE_PROTOCOL));
+    if on_demand {
+        resp.headers_mut()
+            .insert(idle::START_HEADER, HeaderValue::from_static(idle::ON_DEMAND));
+    }
     resp
+}
+
+type Connection = hyper::client::conn::http2::Connection<Upgraded, Body, TokioExecutor>;
+
+/// Where a tunnel's connection starts: idle (HTTP/2 on its first request) or with HTTP/2.
+/// NB: HTTP/2's connection and handshake are boxed, so that the task of an idle tunnel is only
+/// as large as the idle state (a task is allocated at its largest state).
+enum Start {
+    Idle(Upgraded),
+    Running(Pin<Box<Connection>>),
+}
+
+/// Why a tunnel's connection ended.
+struct Ended {
+    /// The agent stopped answering pings (rather than closing or failing).
+    silent: bool,
+    error: String,
+}
+
+/// HTTP/2, with the leader as client, on `io`. NB: the set's ping interval and timeout: a
+/// tunnel that stops answering closes with a timeout error, which the member's health counts as
+/// lost at once.
+async fn handshake(
+    io: Upgraded,
+    policy: &LeaderSpec,
+) -> hyper::Result<(hyper::client::conn::http2::SendRequest<Body>, Connection)> {
+    hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .keep_alive_interval(policy.ping())
+        .keep_alive_timeout(policy.ping_timeout())
+        .keep_alive_while_idle(true)
+        .handshake::<_, Body>(io)
+        .await
+}
+
+/// Carries member `m`'s tunnel from `start` until it ends: pinged while idle, HTTP/2 from the
+/// first request on (handed to the line through `carrier`).
+async fn carry(start: Start, carrier: Carrier, policy: &LeaderSpec, m: &MemberKey) -> Result<(), Ended> {
+    let conn = match start {
+        Start::Running(conn) => conn,
+        Start::Idle(io) => {
+            let idle = idle::lead(
+                TokioIo::new(io),
+                policy.ping(),
+                policy.ping_timeout(),
+                &carrier.start,
+            );
+            let io = idle.await.map_err(|e| Ended {
+                silent: e.is_timeout(),
+                error: e.to_string(),
+            })?;
+            let started = Box::pin(handshake(io.into_inner(), policy)).await;
+            let (send, conn) = started.map_err(|e| Ended {
+                silent: false,
+                error: e.to_string(),
+            })?;
+            debug!(member = %m.name, "Tunnel started HTTP/2 for its first request");
+            carrier.ready.send_replace(Some(send));
+            Box::pin(conn)
+        }
+    };
+    conn.await.map_err(|e| Ended {
+        silent: e.is_timeout(),
+        error: e.to_string(),
+    })
 }
 
 /// A live tunnel was replaced by a new proven one: a Warning Event, since only the member's

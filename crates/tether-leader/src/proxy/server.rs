@@ -30,6 +30,9 @@ use super::shared::{Shared, json, member_cluster, registered_key};
 use super::tunnels::MemberKey;
 use super::{attach, rejoin};
 
+/// How long a request waits for an idle tunnel to start HTTP/2 (one round trip to its agent).
+const START_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Answers one request; `front` is the front-proxy trust the connection's peer was verified
 /// against, or why the peer is not the front proxy.
 pub async fn handle(
@@ -97,7 +100,7 @@ async fn proxy(
     path: &str,
     sh: &Arc<Shared>,
 ) -> Response<Body> {
-    let Some(mut send) = sh.tunnels.get(&m) else {
+    let Some(mut line) = sh.tunnels.get(&m) else {
         sh.ctx.metrics.proxied("no_tunnel");
         let why = if known(&sh.ctx.clusters, &m) {
             format!(
@@ -131,6 +134,11 @@ async fn proxy(
     }
     let has_member_credential = parts.headers.contains_key(MEMBER_AUTHORIZATION);
     debug!(member = %m.name, user = %caller.user, method = %parts.method, path, pass_through = has_member_credential, "Proxying");
+    // NB: an idle tunnel starts HTTP/2 now; its agent confirms within one round trip.
+    let Ok(Some(mut send)) = tokio::time::timeout(START_WITHIN, line.sender()).await else {
+        sh.ctx.metrics.proxied("tunnel_error");
+        return tunnel_failed(&m, "the tunnel closed before it carried the request");
+    };
     if send.ready().await.is_err() {
         sh.ctx.metrics.proxied("tunnel_error");
         return tunnel_failed(&m, "the tunnel closed");

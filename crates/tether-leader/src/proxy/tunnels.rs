@@ -5,12 +5,12 @@
 //! is closed at once, and every change is announced so the TunnelConnected condition follows.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use hyper::client::conn::http2::SendRequest;
 use tether_tunnel::pipe::Body;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -34,9 +34,57 @@ pub struct Change {
     pub silent: bool,
 }
 
+/// How requests reach one tunnel: its HTTP/2 sender once HTTP/2 runs on it, and the way to ask
+/// an idle tunnel to start it (`tether_tunnel::idle`).
+#[derive(Clone)]
+pub struct Line {
+    ready: watch::Receiver<Option<SendRequest<Body>>>,
+    start: Arc<Notify>,
+}
+
+/// The tunnel task's end of a [`Line`].
+pub struct Carrier {
+    /// Given the sender once HTTP/2 runs; dropped when the tunnel closes.
+    pub ready: watch::Sender<Option<SendRequest<Body>>>,
+    /// Notified when a request waits for HTTP/2.
+    pub start: Arc<Notify>,
+}
+
+impl Line {
+    /// A line whose HTTP/2 sender is `send` if it runs already (or is handed over later), and
+    /// the tunnel task's end of it.
+    pub fn new(send: Option<SendRequest<Body>>) -> (Line, Carrier) {
+        let (ready, rx) = watch::channel(send);
+        let start = Arc::new(Notify::new());
+        (
+            Line {
+                ready: rx,
+                start: start.clone(),
+            },
+            Carrier { ready, start },
+        )
+    }
+
+    /// Whether the tunnel closed.
+    fn is_closed(&self) -> bool {
+        self.ready.has_changed().is_err() || self.ready.borrow().as_ref().is_some_and(|s| s.is_closed())
+    }
+
+    /// The HTTP/2 sender, starting HTTP/2 on an idle tunnel first; `None` once it closed.
+    pub async fn sender(&mut self) -> Option<SendRequest<Body>> {
+        loop {
+            if let Some(s) = self.ready.borrow_and_update().clone() {
+                return (!s.is_closed()).then_some(s);
+            }
+            self.start.notify_one();
+            self.ready.changed().await.ok()?;
+        }
+    }
+}
+
 struct Entry {
     id: u64,
-    send: SendRequest<Body>,
+    send: Line,
     /// The member key (age recipient) the tunnel was proven with.
     key: String,
     /// When the tunnel closes unless proven again over a renewed credential.
@@ -91,13 +139,7 @@ impl Tunnels {
 
     /// Registers `send` as `member`'s tunnel, proven with `key` until `deadline`, replacing
     /// (and closing) any older one.
-    pub fn insert(
-        &self,
-        member: MemberKey,
-        send: SendRequest<Body>,
-        key: String,
-        deadline: Instant,
-    ) -> Inserted {
+    pub fn insert(&self, member: MemberKey, send: Line, key: String, deadline: Instant) -> Inserted {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let close = CancellationToken::new();
         let old = self.live().insert(
@@ -176,8 +218,8 @@ impl Tunnels {
         }
     }
 
-    /// A sender on `member`'s tunnel, if one is connected and open.
-    pub fn get(&self, member: &MemberKey) -> Option<SendRequest<Body>> {
+    /// The line to `member`'s tunnel, if one is connected and open.
+    pub fn get(&self, member: &MemberKey) -> Option<Line> {
         self.live()
             .get(member)
             .filter(|e| !e.send.is_closed())

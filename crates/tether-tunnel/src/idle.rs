@@ -1,0 +1,329 @@
+//! Ensures a tunnel nobody uses costs both ends almost nothing. When both ends say so at attach
+//! ([`START_HEADER`]), the tunnel carries one-byte pings and their answers only, until the leader
+//! has a first request for the member: then it sends [`START`], the agent answers [`STARTED`],
+//! and from the byte after those HTTP/2 runs on the connection as on a tunnel that started with
+//! it. Either end pings at its interval with one ping outstanding, and gives the tunnel up when a
+//! ping stays unanswered for its timeout: liveness is the same as HTTP/2 PING gives, without the
+//! HTTP/2 connection's buffers (about 40 KiB a tunnel at the leader). An end that did not say so
+//! (an agent or a leader from before) gets HTTP/2 from the first byte, as before.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// The attach header by which the agent offers, and the leader's 101 answer confirms, that
+/// HTTP/2 starts on the first request instead of at once.
+pub const START_HEADER: &str = "tether-tunnel-start";
+/// Its one value.
+pub const ON_DEMAND: &str = "on-demand";
+
+/// Either end: are you there?
+const PING: u8 = 0x01;
+/// Either end: yes.
+const PONG: u8 = 0x02;
+/// Leader: start HTTP/2 now; nothing but HTTP/2 follows from me once you answer.
+const START: u8 = 0x03;
+/// Agent: started; nothing but HTTP/2 follows from me.
+const STARTED: u8 = 0x04;
+
+/// Pings a peer may send in one of our ping intervals before the tunnel counts as abused (a
+/// peer pings once an interval; more than this is a flood, each ping a write of ours).
+const MAX_PINGS_PER_INTERVAL: u32 = 8;
+
+/// Why an idle tunnel ended.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The peer left a ping (or the start) unanswered for this long.
+    #[error("the peer answered nothing for {0:?}")]
+    Silent(Duration),
+    /// The peer closed the connection.
+    #[error("the peer closed the tunnel")]
+    Closed,
+    /// The peer sent a byte an idle tunnel never carries.
+    #[error("the peer sent {0:#04x}, which an idle tunnel never carries")]
+    Unexpected(u8),
+    /// The peer sent more pings than [`MAX_PINGS_PER_INTERVAL`] in one interval.
+    #[error("the peer sent more than {MAX_PINGS_PER_INTERVAL} pings in one ping interval")]
+    Flood,
+    /// Reading or writing failed.
+    #[error(transparent)]
+    Io(std::io::Error),
+}
+
+impl Error {
+    /// Whether the peer went silent (rather than closing or failing): the member counts as lost.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Silent(_))
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            Error::Closed
+        } else {
+            Error::Io(e)
+        }
+    }
+}
+
+/// One end's pings: one outstanding at a time, the next one an interval after the answer.
+struct Pinger {
+    interval: Duration,
+    timeout: Duration,
+    /// When to ping, or (while `waiting`) when the ping counts as unanswered.
+    due: Instant,
+    waiting: bool,
+    /// The peer's pings in the interval that ends at `window`.
+    pinged: u32,
+    window: Instant,
+}
+
+impl Pinger {
+    fn new(interval: Duration, timeout: Duration) -> Self {
+        Self {
+            interval,
+            timeout,
+            due: Instant::now() + interval,
+            waiting: false,
+            pinged: 0,
+            window: Instant::now() + interval,
+        }
+    }
+
+    /// The peer pinged: fine unless it is flooding.
+    fn pinged(&mut self) -> Result<(), Error> {
+        let now = Instant::now();
+        if now >= self.window {
+            self.window = now + self.interval;
+            self.pinged = 0;
+        }
+        self.pinged += 1;
+        if self.pinged > MAX_PINGS_PER_INTERVAL {
+            return Err(Error::Flood);
+        }
+        Ok(())
+    }
+
+    /// `due` passed: the ping went unanswered, or the next one is to be sent now.
+    fn fire(&mut self) -> Result<(), Error> {
+        if self.waiting {
+            return Err(Error::Silent(self.timeout));
+        }
+        self.waiting = true;
+        self.due = Instant::now() + self.timeout;
+        Ok(())
+    }
+
+    fn answered(&mut self) {
+        if self.waiting {
+            self.waiting = false;
+            self.due = Instant::now() + self.interval;
+        }
+    }
+}
+
+/// Writes `byte` at once; a peer that takes none within `within` is silent.
+async fn put<T: AsyncWrite>(w: &mut WriteHalf<T>, byte: u8, within: Duration) -> Result<(), Error> {
+    let write = async {
+        w.write_all(&[byte]).await?;
+        w.flush().await
+    };
+    tokio::time::timeout(within, write)
+        .await
+        .map_err(|_| Error::Silent(within))?
+        .map_err(Error::from)
+}
+
+async fn get<T: AsyncRead>(r: &mut ReadHalf<T>) -> Result<u8, Error> {
+    // NB: one byte per read: cancelled in a select, it consumed nothing or all of its byte.
+    r.read_u8().await.map_err(Error::from)
+}
+
+/// The leader's end of an idle tunnel: pings every `interval` and fails when one goes unanswered
+/// for `timeout`, answers the agent's pings, and once `start` is notified asks the agent to start
+/// HTTP/2 and hands the connection back as soon as it has (the next byte is the agent's HTTP/2).
+pub async fn lead<T: AsyncRead + AsyncWrite + Unpin>(
+    io: T,
+    interval: Duration,
+    timeout: Duration,
+    start: &Notify,
+) -> Result<T, Error> {
+    let (mut r, mut w) = tokio::io::split(io);
+    let mut pinger = Pinger::new(interval, timeout);
+    loop {
+        tokio::select! {
+            b = get(&mut r) => match b? {
+                PING => {
+                    pinger.pinged()?;
+                    put(&mut w, PONG, timeout).await?;
+                }
+                PONG => pinger.answered(),
+                other => return Err(Error::Unexpected(other)),
+            },
+            () = tokio::time::sleep_until(pinger.due) => {
+                pinger.fire()?;
+                put(&mut w, PING, timeout).await?;
+            }
+            () = start.notified() => break,
+        }
+    }
+    put(&mut w, START, timeout).await?;
+    // NB: what the agent sent before it read START is still idle bytes; none is answered now,
+    // since everything the agent reads after START is HTTP/2.
+    let started = async {
+        loop {
+            match get(&mut r).await? {
+                STARTED => return Ok(()),
+                PING | PONG => {}
+                other => return Err(Error::Unexpected(other)),
+            }
+        }
+    };
+    tokio::time::timeout(timeout, started)
+        .await
+        .map_err(|_| Error::Silent(timeout))??;
+    Ok(r.unsplit(w))
+}
+
+/// The agent's end of an idle tunnel: pings every `interval` and fails when one goes unanswered
+/// for `timeout`, answers the leader's pings, and when the leader asks, confirms and hands the
+/// connection back to serve HTTP/2 on (the next byte is the leader's HTTP/2).
+pub async fn follow<T: AsyncRead + AsyncWrite + Unpin>(
+    io: T,
+    interval: Duration,
+    timeout: Duration,
+) -> Result<T, Error> {
+    let (mut r, mut w) = tokio::io::split(io);
+    let mut pinger = Pinger::new(interval, timeout);
+    loop {
+        tokio::select! {
+            b = get(&mut r) => match b? {
+                PING => {
+                    pinger.pinged()?;
+                    put(&mut w, PONG, timeout).await?;
+                }
+                PONG => pinger.answered(),
+                START => break,
+                other => return Err(Error::Unexpected(other)),
+            },
+            () = tokio::time::sleep_until(pinger.due) => {
+                pinger.fire()?;
+                put(&mut w, PING, timeout).await?;
+            }
+        }
+    }
+    put(&mut w, STARTED, timeout).await?;
+    Ok(r.unsplit(w))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use tokio::io::duplex;
+
+    const PINGS: Duration = Duration::from_secs(5);
+    const TIMEOUT: Duration = Duration::from_secs(10);
+
+    #[tokio::test(start_paused = true)]
+    async fn both_ends_stay_up_on_pings_alone_and_hand_over_a_clean_stream() {
+        let (leader_io, agent_io) = duplex(64);
+        let start = Arc::new(Notify::new());
+        let go = start.clone();
+        let leader = tokio::spawn(async move { lead(leader_io, PINGS, TIMEOUT, &go).await });
+        let agent = tokio::spawn(follow(agent_io, Duration::from_secs(3), TIMEOUT));
+        // An hour of pings both ways: neither end gives up.
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert!(!leader.is_finished() && !agent.is_finished());
+        start.notify_one();
+        let mut l = leader.await.expect("leader task").expect("leader hands over");
+        let mut a = agent.await.expect("agent task").expect("agent hands over");
+        // What follows is the next protocol's, byte for byte, both ways.
+        l.write_all(b"PRI * HTTP/2.0").await.expect("write");
+        a.write_all(b"\0\0\x12\x04").await.expect("write");
+        let mut got = [0u8; 14];
+        a.read_exact(&mut got).await.expect("read");
+        assert_eq!(&got, b"PRI * HTTP/2.0");
+        let mut got = [0u8; 4];
+        l.read_exact(&mut got).await.expect("read");
+        assert_eq!(&got, b"\0\0\x12\x04");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_start_asked_before_the_loop_runs_is_not_lost() {
+        let (leader_io, agent_io) = duplex(64);
+        let start = Notify::new();
+        start.notify_one();
+        let agent = tokio::spawn(follow(agent_io, PINGS, TIMEOUT));
+        lead(leader_io, PINGS, TIMEOUT, &start).await.expect("started");
+        agent.await.expect("task").expect("agent started");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_agent_is_given_up_after_interval_plus_timeout() {
+        let (leader_io, _frozen) = duplex(64);
+        let t0 = Instant::now();
+        let err = lead(leader_io, PINGS, TIMEOUT, &Notify::new())
+            .await
+            .expect_err("silent");
+        assert!(err.is_timeout(), "{err}");
+        assert_eq!(t0.elapsed(), PINGS + TIMEOUT);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_leader_is_given_up_by_the_agent() {
+        let (_frozen, agent_io) = duplex(64);
+        let err = follow(agent_io, PINGS, TIMEOUT).await.expect_err("silent");
+        assert!(err.is_timeout(), "{err}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_agent_that_never_confirms_the_start_is_silent() {
+        let (leader_io, mut agent_io) = duplex(64);
+        let start = Notify::new();
+        start.notify_one();
+        // Answers pings but ignores START.
+        let fake = tokio::spawn(async move {
+            let mut b = [0u8; 1];
+            while agent_io.read_exact(&mut b).await.is_ok() {}
+        });
+        let err = lead(leader_io, PINGS, TIMEOUT, &start).await.expect_err("silent");
+        assert!(err.is_timeout(), "{err}");
+        fake.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_peer_or_a_stray_byte_ends_the_tunnel_at_once() {
+        let (leader_io, agent_io) = duplex(64);
+        drop(agent_io);
+        let err = lead(leader_io, PINGS, TIMEOUT, &Notify::new())
+            .await
+            .expect_err("closed");
+        assert!(matches!(err, Error::Closed), "{err}");
+        assert!(!err.is_timeout());
+
+        let (leader_io, mut agent_io) = duplex(64);
+        agent_io.write_all(b"G").await.expect("write");
+        let err = lead(leader_io, PINGS, TIMEOUT, &Notify::new())
+            .await
+            .expect_err("stray");
+        assert!(matches!(err, Error::Unexpected(b'G')), "{err}");
+
+        // A peer that pings faster than it should is cut off rather than answered.
+        let (leader_io, mut agent_io) = duplex(64);
+        agent_io.write_all(&[PING; 32]).await.expect("write");
+        let err = lead(leader_io, PINGS, TIMEOUT, &Notify::new())
+            .await
+            .expect_err("flood");
+        assert!(matches!(err, Error::Flood), "{err}");
+
+        // The agent never takes START from itself: only the leader may ask.
+        let (mut leader_io, agent_io) = duplex(64);
+        leader_io.write_all(&[STARTED]).await.expect("write");
+        let err = follow(agent_io, PINGS, TIMEOUT).await.expect_err("stray");
+        assert!(matches!(err, Error::Unexpected(STARTED)), "{err}");
+    }
+}
