@@ -174,3 +174,17 @@ pub async fn allow_impersonation(m: &crate::fleet::MemberSide, users: &[&str], g
         "subjects": [{"kind": "ServiceAccount", "name": "tether-agent", "namespace": crate::sim::HOME}]}))
     .await;
 }
+
+/// Serves HTTP/2 from the first byte on tunnel `up`, as an agent from before the on-demand start
+/// does (it offered nothing at attach), answering every request with `body`.
+pub fn serve_from_the_first_byte(up: hyper::upgrade::Upgraded, body: String) -> tokio::task::JoinHandle<()> {
+    let answer = move |_req: Request<hyper::body::Incoming>| {
+        let body = bytes::Bytes::from(body.clone());
+        async move { Ok::<_, std::convert::Infallible>(hyper::Response::new(http_body_util::Full::new(body))) }
+    };
+    tokio::spawn(async move {
+        let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .serve_connection(up, hyper::service::service_fn(answer))
+            .await;
+    })
+}

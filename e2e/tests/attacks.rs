@@ -23,7 +23,8 @@ use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 use tether_api::ManagedCluster;
 use tether_e2e::access::{
-    allow_impersonation, apply, get, grant_proxy, leader_metric, sealed, through, wait_tunnel,
+    allow_impersonation, apply, get, grant_proxy, leader_metric, sealed, serve_from_the_first_byte, through,
+    wait_tunnel,
 };
 use tether_e2e::fleet::{self, LeaderSide, MemberSide, policy};
 use tether_e2e::sim::{HOME, join_token, ns_of};
@@ -376,24 +377,12 @@ async fn an_attach_with_the_members_own_key_replaces_the_tunnel_with_a_warning(w
         },
     )
     .await;
-    // An agent from before the on-demand start (it offers nothing at attach) gets HTTP/2 from
-    // the first byte, and the leader's requests reach it over that.
-    let up = up.expect("upgraded");
-    let answer = |_req: Request<hyper::body::Incoming>| async {
-        let list = json!({"kind": "NamespaceList", "apiVersion": "v1", "metadata": {},
-                          "items": [{"metadata": {"name": "served-by-an-agent-from-before"}}]});
-        Ok::<_, std::convert::Infallible>(hyper::Response::new(http_body_util::Full::new(
-            bytes::Bytes::from(list.to_string()),
-        )))
-    };
-    let served = tokio::spawn(
-        hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-            .serve_connection(up, hyper::service::service_fn(answer)),
-    );
+    // An agent from before (no on-demand offer at attach) gets HTTP/2 from the first byte.
+    let list = json!({"kind": "NamespaceList", "apiVersion": "v1", "metadata": {},
+                      "items": [{"metadata": {"name": "served-by-an-agent-from-before"}}]});
+    let served = serve_from_the_first_byte(up.expect("upgraded"), list.to_string());
     let alice = through(&w.leader, "alice", None, "east").await;
-    let text = get(&alice, "/api/v1/namespaces", &[])
-        .await
-        .expect("served through the old-style tunnel");
+    let text = get(&alice, "/api/v1/namespaces", &[]).await.expect("served");
     assert!(text.contains("served-by-an-agent-from-before"), "{text}");
     served.abort();
     // The agent's own tunnel was closed by the replacement; it redials and serves again.

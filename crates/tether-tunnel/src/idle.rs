@@ -142,6 +142,42 @@ async fn get<T: AsyncRead>(r: &mut ReadHalf<T>) -> Result<u8, Error> {
     r.read_u8().await.map_err(Error::from)
 }
 
+/// Keeps an idle tunnel up (pings, answers) until it is to start HTTP/2: the leader's `start`
+/// notified, or, at the agent (`start` = `None`), the leader's START read.
+async fn idle<T: AsyncRead + AsyncWrite>(
+    r: &mut ReadHalf<T>,
+    w: &mut WriteHalf<T>,
+    pinger: &mut Pinger,
+    start: Option<&Notify>,
+) -> Result<(), Error> {
+    let timeout = pinger.timeout;
+    let asked = async {
+        match start {
+            Some(n) => n.notified().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(asked);
+    loop {
+        tokio::select! {
+            b = get(r) => match b? {
+                PING => {
+                    pinger.pinged()?;
+                    put(w, PONG, timeout).await?;
+                }
+                PONG => pinger.answered(),
+                START if start.is_none() => return Ok(()),
+                other => return Err(Error::Unexpected(other)),
+            },
+            () = tokio::time::sleep_until(pinger.due) => {
+                pinger.fire()?;
+                put(w, PING, timeout).await?;
+            }
+            () = &mut asked => return Ok(()),
+        }
+    }
+}
+
 /// The leader's end of an idle tunnel: pings every `interval` and fails when one goes unanswered
 /// for `timeout`, answers the agent's pings, and once `start` is notified asks the agent to start
 /// HTTP/2 and hands the connection back as soon as it has (the next byte is the agent's HTTP/2).
@@ -152,24 +188,7 @@ pub async fn lead<T: AsyncRead + AsyncWrite + Unpin>(
     start: &Notify,
 ) -> Result<T, Error> {
     let (mut r, mut w) = tokio::io::split(io);
-    let mut pinger = Pinger::new(interval, timeout);
-    loop {
-        tokio::select! {
-            b = get(&mut r) => match b? {
-                PING => {
-                    pinger.pinged()?;
-                    put(&mut w, PONG, timeout).await?;
-                }
-                PONG => pinger.answered(),
-                other => return Err(Error::Unexpected(other)),
-            },
-            () = tokio::time::sleep_until(pinger.due) => {
-                pinger.fire()?;
-                put(&mut w, PING, timeout).await?;
-            }
-            () = start.notified() => break,
-        }
-    }
+    idle(&mut r, &mut w, &mut Pinger::new(interval, timeout), Some(start)).await?;
     put(&mut w, START, timeout).await?;
     // NB: what the agent sent before it read START is still idle bytes; none is answered now,
     // since everything the agent reads after START is HTTP/2.
@@ -197,24 +216,7 @@ pub async fn follow<T: AsyncRead + AsyncWrite + Unpin>(
     timeout: Duration,
 ) -> Result<T, Error> {
     let (mut r, mut w) = tokio::io::split(io);
-    let mut pinger = Pinger::new(interval, timeout);
-    loop {
-        tokio::select! {
-            b = get(&mut r) => match b? {
-                PING => {
-                    pinger.pinged()?;
-                    put(&mut w, PONG, timeout).await?;
-                }
-                PONG => pinger.answered(),
-                START => break,
-                other => return Err(Error::Unexpected(other)),
-            },
-            () = tokio::time::sleep_until(pinger.due) => {
-                pinger.fire()?;
-                put(&mut w, PING, timeout).await?;
-            }
-        }
-    }
+    idle(&mut r, &mut w, &mut Pinger::new(interval, timeout), None).await?;
     put(&mut w, STARTED, timeout).await?;
     Ok(r.unsplit(w))
 }
