@@ -96,8 +96,8 @@ pub struct LeaderSpec {
     #[x_kube(validation = Rule::new("duration(self) >= duration('1m') && duration(self) <= duration('1h')")
         .message("tunnelHeartbeatInterval must be between 1m and 1h"))]
     pub tunnel_heartbeat_interval: Duration,
-    /// How often the serving leader replica pings each member's tunnel (HTTP/2 PING; Go
-    /// duration, 1s–1m).
+    /// How often the serving leader replica pings each member's tunnel (a one-byte ping while
+    /// the tunnel is idle, HTTP/2 PING once it carries requests; Go duration, 1s–1m).
     #[serde(default = "default_tunnel_ping_interval")]
     #[schemars(regex(pattern = DURATION), length(max = 32))]
     #[x_kube(validation = Rule::new("duration(self) >= duration('1s') && duration(self) <= duration('1m')")

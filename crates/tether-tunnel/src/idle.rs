@@ -28,9 +28,12 @@ const START: u8 = 0x03;
 /// Agent: started; nothing but HTTP/2 follows from me.
 const STARTED: u8 = 0x04;
 
-/// Pings a peer may send in one of our ping intervals before the tunnel counts as abused (a
-/// peer pings once an interval; more than this is a flood, each ping a write of ours).
-const MAX_PINGS_PER_INTERVAL: u32 = 8;
+/// Pings a peer may send in one [`FLOOD_WINDOW`] before the tunnel counts as abused: a peer
+/// pings at most once a second (the shortest ping interval a set allows, and the next ping only
+/// an interval after the answer), whatever interval either end last read; each ping is a write
+/// of ours.
+const MAX_PINGS_PER_WINDOW: u32 = 8;
+const FLOOD_WINDOW: Duration = Duration::from_secs(1);
 
 /// Why an idle tunnel ended.
 #[derive(Debug, thiserror::Error)]
@@ -44,8 +47,8 @@ pub enum Error {
     /// The peer sent a byte an idle tunnel never carries.
     #[error("the peer sent {0:#04x}, which an idle tunnel never carries")]
     Unexpected(u8),
-    /// The peer sent more pings than [`MAX_PINGS_PER_INTERVAL`] in one interval.
-    #[error("the peer sent more than {MAX_PINGS_PER_INTERVAL} pings in one ping interval")]
+    /// The peer sent more than [`MAX_PINGS_PER_WINDOW`] pings in one [`FLOOD_WINDOW`].
+    #[error("the peer sent more than {MAX_PINGS_PER_WINDOW} pings in {FLOOD_WINDOW:?}")]
     Flood,
     /// Reading or writing failed.
     #[error(transparent)]
@@ -76,7 +79,7 @@ struct Pinger {
     /// When to ping, or (while `waiting`) when the ping counts as unanswered.
     due: Instant,
     waiting: bool,
-    /// The peer's pings in the interval that ends at `window`.
+    /// The peer's pings in the flood window that ends at `window`.
     pinged: u32,
     window: Instant,
 }
@@ -89,7 +92,7 @@ impl Pinger {
             due: Instant::now() + interval,
             waiting: false,
             pinged: 0,
-            window: Instant::now() + interval,
+            window: Instant::now() + FLOOD_WINDOW,
         }
     }
 
@@ -97,11 +100,11 @@ impl Pinger {
     fn pinged(&mut self) -> Result<(), Error> {
         let now = Instant::now();
         if now >= self.window {
-            self.window = now + self.interval;
+            self.window = now + FLOOD_WINDOW;
             self.pinged = 0;
         }
         self.pinged += 1;
-        if self.pinged > MAX_PINGS_PER_INTERVAL {
+        if self.pinged > MAX_PINGS_PER_WINDOW {
             return Err(Error::Flood);
         }
         Ok(())
@@ -252,6 +255,26 @@ mod tests {
         let mut got = [0u8; 4];
         l.read_exact(&mut got).await.expect("read");
         assert_eq!(&got, b"\0\0\x12\x04");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_agent_on_the_shortest_interval_is_no_flood_to_a_leader_on_the_longest() {
+        // The set's interval went from 1 s to 1 min: the agent keeps its old one until it reads
+        // the new one; the leader must not cut it off meanwhile.
+        let (leader_io, agent_io) = duplex(64);
+        let leader = tokio::spawn(async move {
+            let start = Notify::new();
+            lead(
+                leader_io,
+                Duration::from_secs(60),
+                Duration::from_secs(120),
+                &start,
+            )
+            .await
+        });
+        let agent = tokio::spawn(follow(agent_io, Duration::from_secs(1), Duration::from_secs(2)));
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert!(!leader.is_finished() && !agent.is_finished());
     }
 
     #[tokio::test(start_paused = true)]
