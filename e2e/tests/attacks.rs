@@ -34,6 +34,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[path = "attacks/bounds.rs"]
 mod bounds;
+#[path = "attacks/replace.rs"]
+mod replace;
+
+use replace::an_attach_with_the_members_own_key_replaces_the_tunnel_with_a_warning;
 
 use bounds::{
     a_peer_without_the_front_proxy_certificate_gets_health_only_then_is_closed,
@@ -320,73 +324,6 @@ fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-/// East's private key, as the holder of the member's key (its admin) would read it.
-async fn east_key(w: &World) -> String {
-    let s = Api::<Secret>::namespaced(w.east.admin.clone(), HOME)
-        .get(tether_agent::state::KEY_SECRET)
-        .await
-        .expect("key Secret");
-    String::from_utf8(s.data.expect("data")["identity"].0.clone()).expect("key text")
-}
-
-async fn an_attach_with_the_members_own_key_replaces_the_tunnel_with_a_warning(w: &World) {
-    let token = minted_agent_token(w, "east").await;
-    let key = east_key(w).await;
-    let (_, body, _) = attach(w, &token, "east", None, false).await;
-    let challenge: tether_tunnel::proof::Challenge = serde_json::from_str(&body).expect("challenge");
-    let text = tether_seal::unseal_text(&challenge.sealed, &key).expect("east's key opens it");
-    let proof = tether_tunnel::proof::token_in(&text, &ns_of("east"), "east").expect("a challenge for east");
-    let (code, body, up) = attach(w, &token, "east", Some(proof), true).await;
-    assert_eq!(code, StatusCode::SWITCHING_PROTOCOLS, "{body}");
-    let (code, body, _) = attach(w, &token, "east", Some(proof), true).await;
-    assert!(
-        code == StatusCode::FORBIDDEN && body.contains("used already"),
-        "a proof is single-use: {code} {body}"
-    );
-    // The Status reason, through the aggregator, tells the agent to ask for a new challenge
-    // rather than conclude that its member was removed.
-    let status: serde_json::Value = serde_json::from_str(&body).expect("a Status");
-    assert_eq!(
-        status["reason"],
-        tether_tunnel::proof::PROOF_REFUSED,
-        "a refused proof is marked: {body}"
-    );
-    let replaced = leader_metric(&w.leader, "tether_leader_tunnel_replacements_total").await;
-    assert_eq!(replaced, 1.0, "the replacement is counted");
-    eventually(
-        "a TunnelReplaced Warning on east",
-        Duration::from_secs(15),
-        || async {
-            let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(
-                w.leader.admin.clone(),
-                &ns_of("east"),
-            )
-            .list(&Default::default())
-            .await
-            .map_err(|e| e.to_string())?;
-            events
-                .items
-                .iter()
-                .find(|e| {
-                    e.reason.as_deref() == Some("TunnelReplaced") && e.type_.as_deref() == Some("Warning")
-                })
-                .map(drop)
-                .ok_or_else(|| format!("{} events, none TunnelReplaced", events.items.len()))
-        },
-    )
-    .await;
-    // An agent from before (no on-demand offer at attach) gets HTTP/2 from the first byte.
-    let list = json!({"kind": "NamespaceList", "apiVersion": "v1", "metadata": {},
-                      "items": [{"metadata": {"name": "served-by-an-agent-from-before"}}]});
-    let served = serve_from_the_first_byte(up.expect("upgraded"), list.to_string());
-    let alice = through(&w.leader, "alice", None, "east").await;
-    let text = get(&alice, "/api/v1/namespaces", &[]).await.expect("served");
-    assert!(text.contains("served-by-an-agent-from-before"), "{text}");
-    served.abort();
-    // The agent's own tunnel was closed by the replacement; it redials and serves again.
-    alice_is_served(w, "east").await;
 }
 
 async fn a_malformed_member_credential_is_refused_not_sent_as_anonymous(w: &World) {
