@@ -1,11 +1,14 @@
 //! The liveness benchmark (`make bench-liveness`): for each N, a fresh control plane, the leader
 //! serving member access as its own process, and N members simulated by `tether-sim` through the
-//! agent's own code, each holding a real tunnel. Prints one table per N (`e2e/src/liveness.rs`
+//! agent's own code, each holding a real tunnel. Prints one table per N (`e2e/src/liveness/mod.rs`
 //! says what is measured); `docs/benchmarks.md` keeps the recorded numbers.
 //!
 //! `cargo run --release -p tether-e2e --example liveness_bench -- [N…] [--probes K]
-//!  [--steady SECONDS]` (default N: 1000 5000 10000; probes: 20 killed and 20 frozen agents;
-//! steady: 60). Needs root (its lab network namespace).
+//!  [--steady SECONDS] [--attach-at-join] [--in-flight K]` (default N: 1000 5000 10000; probes:
+//! 20 killed and 20 frozen agents; steady: 60; registrations in flight: 1000). By default every
+//! tunnel attaches once all members are in, to measure what a member and what a tunnel cost
+//! apart; `--attach-at-join` dials each as soon as its member is in, as agents do, to measure
+//! registration as a fleet sees it. Needs root (its lab network namespace).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -19,7 +22,7 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let mut sizes = Vec::new();
-    let (mut probes, mut steady) = (20usize, 60u64);
+    let (mut probes, mut steady, mut attach_at_join, mut in_flight) = (20usize, 60u64, false, 1000usize);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = |flag: &str| {
@@ -28,7 +31,9 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|| panic!("{flag} needs a number"))
         };
         match a.as_str() {
+            "--attach-at-join" => attach_at_join = true,
             "--probes" => probes = value("--probes") as usize,
+            "--in-flight" => in_flight = value("--in-flight").max(1) as usize,
             "--steady" => steady = value("--steady"),
             n => sizes.push(
                 n.parse::<usize>()
@@ -52,10 +57,11 @@ fn main() -> ExitCode {
     for n in sizes {
         let settings = Settings {
             members: n,
-            concurrency: n.min(1000),
+            concurrency: n.min(in_flight),
             probes: probes.min(n / 4),
             steady: Duration::from_secs(steady),
             failover_window: Duration::from_secs(120),
+            attach_at_join,
         };
         let outcome = rt.block_on(run(&settings));
         println!("{}", report(&outcome));

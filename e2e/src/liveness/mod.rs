@@ -35,15 +35,17 @@ use tokio_util::sync::CancellationToken;
 
 use crate::fleet::{self, LeaderSide};
 use crate::probe::procfs::{CLOCK_TICKS, cpu_ticks, rss_mib};
-use crate::probe::prom::{metric, request_counts};
+use crate::probe::prom::{metric, request_counts, request_mix};
 use crate::scale::{classify, sim_join, write_limit};
 use crate::sim::join_token;
 
 mod held;
 mod report;
+mod transitions;
 
 use held::*;
 pub use report::report;
+use transitions::Transitions;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -58,6 +60,10 @@ pub struct Settings {
     pub steady: Duration,
     /// How long the failover is watched.
     pub failover_window: Duration,
+    /// Each member dials its tunnel as soon as it is in (as agents do), rather than all once
+    /// every member is in: registration as a fleet sees it, but no split of what a member and
+    /// what its tunnel cost.
+    pub attach_at_join: bool,
 }
 
 /// One run's figures.
@@ -71,10 +77,15 @@ pub struct Outcome {
     pub registration_rate: f64,
     /// API writes per registration (every client).
     pub writes_per_registration: f64,
+    /// Requests per registration by verb and resource while members registered (heartbeats and
+    /// the control plane's own requests included), those at 0.05 or more.
+    pub registration_mix: BTreeMap<String, f64>,
     /// Per member, KiB / goroutines / fds of kube-apiserver, and KiB of etcd RSS.
     pub per_member: (Held, f64),
-    /// Per idle tunnel, the same.
-    pub per_tunnel: (Held, f64),
+    /// Per idle tunnel, the same (none when tunnels attached at join: then `per_member` holds both).
+    pub per_tunnel: Option<(Held, f64)>,
+    /// Whether each member dialled its tunnel as soon as it was in.
+    pub attach_at_join: bool,
     /// `apiserver_flowcontrol_current_executing_seats` (all levels) with every tunnel open: max seen.
     pub seats: f64,
     /// Steady writes/s by kind.
@@ -83,9 +94,10 @@ pub struct Outcome {
     pub steady_cpu: (f64, f64, f64),
     /// RSS MiB with every tunnel attached: leader, kube-apiserver, etcd.
     pub rss: (f64, f64, f64),
-    /// The leader's RSS MiB before any member joined, and with every member in and no tunnel yet.
+    /// The leader's RSS MiB before any member joined, and with every member in (and their tunnels,
+    /// when attached at join).
     pub leader_before: (f64, f64),
-    /// Time from tunnels started to all attached.
+    /// Time from tunnels started (or every member in, when attached at join) to all attached.
     pub attach_all: Duration,
     /// Killed agents to Unknown, sorted.
     pub killed: Vec<Duration>,
@@ -101,74 +113,6 @@ pub struct Outcome {
     pub failover_writes: (f64, f64),
     /// The standby's RSS once every tunnel attached to it, MiB.
     pub standby_rss: f64,
-}
-
-/// A Ready change: when it was seen, its status and reason.
-type Change = (Instant, String, String);
-
-/// Every Ready change the leader wrote, per member, from a watch of ManagedClusters.
-#[derive(Clone, Default)]
-struct Transitions(Arc<Mutex<HashMap<String, Vec<Change>>>>);
-
-impl Transitions {
-    fn follow(admin: &Client) -> (Self, tokio::task::JoinHandle<()>) {
-        let t = Self::default();
-        let seen = t.clone();
-        let stream = watcher(
-            Api::<ManagedCluster>::all(admin.clone()),
-            watcher::Config::default(),
-        )
-        .default_backoff()
-        .applied_objects()
-        .for_each(move |mc| {
-            if let Ok(mc) = mc
-                && let Some(c) = mc
-                    .status
-                    .as_ref()
-                    .and_then(|s| find(&s.conditions, ConditionType::Ready))
-            {
-                let mut all = seen.0.lock().unwrap_or_else(|p| p.into_inner());
-                let list = all.entry(mc.name_any()).or_default();
-                if list
-                    .last()
-                    .is_none_or(|(_, s, r)| s != &c.status || r != &c.reason)
-                {
-                    list.push((Instant::now(), c.status.clone(), c.reason.clone()));
-                }
-            }
-            async {}
-        });
-        (t, tokio::spawn(stream))
-    }
-
-    /// When `name` was first seen `status` after `since`.
-    fn first(&self, name: &str, status: &str, since: Instant) -> Option<Instant> {
-        let all = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        all.get(name)?
-            .iter()
-            .find(|(at, s, _)| *at >= since && s == status)
-            .map(|(at, _, _)| *at)
-    }
-
-    /// How many of `names` were seen anything but `True` after `since`.
-    fn not_ready_since(&self, names: &HashSet<String>, since: Instant) -> usize {
-        let all = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        names
-            .iter()
-            .filter(|n| {
-                all.get(*n)
-                    .is_some_and(|l| l.iter().any(|(at, s, _)| *at >= since && s != "True"))
-            })
-            .count()
-    }
-
-    /// How many members are `Ready=True` with `reason` now.
-    fn count(&self, reason: &str) -> usize {
-        let all = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        all.values()
-            .filter(|l| l.last().is_some_and(|(_, s, r)| s == "True" && r == reason))
-            .count()
-    }
 }
 
 /// A frozen tunnel of a member, once attached (dropping it closes it).
@@ -227,26 +171,36 @@ pub async fn run(s: &Settings) -> Outcome {
     };
     let leader_alone = rss_mib(leader.controller.pid(), "VmRSS");
 
+    let at_join = s.attach_at_join;
     eprintln!(
-        "== [{n}] registering {n} members, {} in flight (heartbeat {interval}s without a tunnel)",
-        s.concurrency
+        "== [{n}] registering {n} members, {} in flight, tunnels {} (heartbeat {interval}s without one)",
+        s.concurrency,
+        if at_join {
+            "dialled once in, as agents do"
+        } else {
+            "later"
+        }
     );
     let (before, beats_before) = (request_counts(&admin).await, sim.stats.heartbeats());
+    let mix_before = request_mix(&admin).await;
     let started = Instant::now();
     let names: Vec<String> = (0..n).map(|i| format!("live-{i:05}")).collect();
     let mut running: Vec<Running> = Vec::with_capacity(n);
     let mut tunnels = Vec::with_capacity(n);
     tether_sim::join_all(&sim, names.clone(), s.concurrency, |m, _| {
-        // NB: each heartbeats from the moment it is in, as an agent does; its tunnel starts later.
+        // NB: each heartbeats from the moment it is in, as an agent does.
         let cancel = CancellationToken::new();
         let i = running.len();
-        tunnels.push(m.tunnel("prod"));
+        let tunnel = m.tunnel("prod");
         running.push(Running {
             name: m.name.clone(),
             heartbeat: cancel.clone(),
-            tunnel: None,
+            tunnel: at_join.then(|| tokio::spawn(tunnel)),
             frozen: (i < 2 * s.probes).then(|| Box::pin(m.frozen_tunnel("prod")) as Frozen),
         });
+        if !at_join {
+            tunnels.push(m.tunnel("prod"));
+        }
         tokio::spawn(m.heartbeat_until(cancel));
         if (i + 1).is_multiple_of((n / 10).max(1)) {
             eprintln!("   {} joined after {:.0?}", i + 1, started.elapsed());
@@ -256,6 +210,15 @@ pub async fn run(s: &Settings) -> Outcome {
     .expect("members join");
     let registration = started.elapsed();
     let after = request_counts(&admin).await;
+    let registration_mix: BTreeMap<String, f64> = request_mix(&admin)
+        .await
+        .into_iter()
+        .map(|(k, v)| {
+            let d = (v - mix_before.get(&k).copied().unwrap_or(0.0)) / n as f64;
+            (k, d)
+        })
+        .filter(|(_, d)| *d >= 0.05)
+        .collect();
     // NB: the heartbeats members sent while others registered are not the registrations' writes.
     let beats = (sim.stats.heartbeats() - beats_before) as f64;
     let writes_per_registration = (after
@@ -267,37 +230,42 @@ pub async fn run(s: &Settings) -> Outcome {
     let registration_rate = n as f64 / registration.as_secs_f64();
     eprintln!(
         "   {registration_rate:.1} registrations/s, {writes_per_registration:.1} writes each, not counting \
-         heartbeats (the limit allows {:.1}/s)",
+         {beats} heartbeats (the limit allows {:.1}/s)",
         api_limit / writes_per_registration
     );
     crate::scale::wait_for_counts(&admin, n, n, Duration::from_secs(900)).await;
-    eprintln!("== [{n}] all Ready without tunnels; measuring what the members hold");
+    let t0 = Instant::now();
+    if at_join {
+        all_attached(&leader, &transitions, n, t0).await;
+    }
+    let attached_at_join = t0.elapsed();
+    eprintln!("== [{n}] all Ready; measuring what the members hold");
     let (members_held, members_etcd) = held_settled(&admin, api_pid, etcd_pid, Duration::from_secs(20)).await;
     let leader_before = (leader_alone, rss_mib(leader.controller.pid(), "VmRSS"));
-
-    eprintln!("== [{n}] attaching {n} tunnels");
-    let t0 = Instant::now();
-    // NB: 1,000 agents a second start their tunnel (as a fleet rolled out), not all at once.
-    for (i, (r, t)) in running.iter_mut().zip(tunnels).enumerate() {
-        r.tunnel = Some(tokio::spawn(t));
-        if i % 10 == 9 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+    let (attach_all, per_tunnel) = if at_join {
+        (attached_at_join, None)
+    } else {
+        eprintln!("== [{n}] attaching {n} tunnels");
+        let t0 = Instant::now();
+        // NB: 1,000 agents a second start their tunnel (as a fleet rolled out), not all at once.
+        for (i, (r, t)) in running.iter_mut().zip(tunnels).enumerate() {
+            r.tunnel = Some(tokio::spawn(t));
+            if i % 10 == 9 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
-    }
-    loop {
-        if tunnels_at(&leader.controller).await >= n as f64 && transitions.count("TunnelAlive") >= n {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(900),
-            "every tunnel attached within 15 min"
+        all_attached(&leader, &transitions, n, t0).await;
+        let attach_all = t0.elapsed();
+        eprintln!(
+            "   all attached and Ready on them after {attach_all:.1?}; settling one heartbeat interval"
         );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let attach_all = t0.elapsed();
-    eprintln!("   all attached and Ready on them after {attach_all:.1?}; settling one heartbeat interval");
-    let (tunnels_held, tunnels_etcd) =
-        held_settled(&admin, api_pid, etcd_pid, Duration::from_secs(interval + 5)).await;
+        let (held, etcd) = held_settled(&admin, api_pid, etcd_pid, Duration::from_secs(interval + 5)).await;
+        let per = (
+            held.minus(members_held, n),
+            (etcd - members_etcd) * 1024.0 / n as f64,
+        );
+        (attach_all, Some(per))
+    };
     let mut seats = 0f64;
 
     eprintln!("== [{n}] steady state for {:?}", s.steady);
@@ -338,14 +306,13 @@ pub async fn run(s: &Settings) -> Outcome {
         api_limit,
         registration_rate,
         writes_per_registration,
+        registration_mix,
         per_member: (
             members_held.minus(baseline, n),
             (members_etcd - baseline_etcd) * 1024.0 / n as f64,
         ),
-        per_tunnel: (
-            tunnels_held.minus(members_held, n),
-            (tunnels_etcd - members_etcd) * 1024.0 / n as f64,
-        ),
+        per_tunnel,
+        attach_at_join: at_join,
         seats,
         steady_writes,
         steady_cpu: (cpu[0], cpu[1], cpu[2]),
@@ -359,6 +326,33 @@ pub async fn run(s: &Settings) -> Outcome {
         marked_unknown,
         failover_writes,
         standby_rss,
+    }
+}
+
+/// Waits until the leader holds `n` tunnels and every member is Ready on its tunnel (15 min at
+/// most from `since`).
+async fn all_attached(leader: &LeaderSide, transitions: &Transitions, n: usize, since: Instant) {
+    let mut told = Instant::now();
+    loop {
+        let (held, alive) = (
+            tunnels_at(&leader.controller).await,
+            transitions.count("TunnelAlive"),
+        );
+        if held >= n as f64 && alive >= n {
+            return;
+        }
+        if told.elapsed() >= Duration::from_secs(5) {
+            eprintln!(
+                "   after {:.0?}: {held} tunnels held, {alive} members Ready on them",
+                since.elapsed()
+            );
+            told = Instant::now();
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(900),
+            "every tunnel attached within 15 min"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 

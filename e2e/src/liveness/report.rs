@@ -22,19 +22,39 @@ pub fn report(o: &Outcome) -> String {
             100.0 * o.registration_rate / (o.api_limit / o.writes_per_registration)
         ),
     );
+    line(
+        "requests per registration while registering",
+        o.registration_mix
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.2}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
     let held = |h: &(Held, f64)| {
         format!(
             "kube-apiserver {:.1} KiB RSS, {:.1} KiB heap, {:.2} goroutines, {:.2} fds; etcd {:.1} KiB RSS",
             h.0.rss, h.0.heap, h.0.goroutines, h.0.fds, h.1
         )
     };
-    line("per member (no tunnel)", held(&o.per_member));
-    line("per idle tunnel", held(&o.per_tunnel));
+    match &o.per_tunnel {
+        Some(t) => {
+            line("per member (no tunnel)", held(&o.per_member));
+            line("per idle tunnel", held(t));
+        }
+        None => line("per member with its idle tunnel", held(&o.per_member)),
+    }
     line(
         "executing seats, max over the steady window",
         format!("{:.0}", o.seats),
     );
-    line("all tunnels attached", ms(o.attach_all));
+    line(
+        if o.attach_at_join {
+            "all tunnels attached, after the last member was in"
+        } else {
+            "all tunnels attached"
+        },
+        ms(o.attach_all),
+    );
     line(
         "steady writes",
         format!(
@@ -64,14 +84,24 @@ pub fn report(o: &Outcome) -> String {
         ),
     );
     let (alone, members) = o.leader_before;
-    line(
-        "leader RSS per member, per tunnel",
-        format!(
-            "{:.1} KiB, {:.1} KiB ({alone:.0} MiB alone, {members:.0} MiB with every member and no tunnel)",
-            (members - alone) * 1024.0 / o.members as f64,
-            (o.rss.0 - members) * 1024.0 / o.members as f64,
-        ),
-    );
+    if o.attach_at_join {
+        line(
+            "leader RSS per member with its tunnel",
+            format!(
+                "{:.1} KiB ({alone:.0} MiB alone)",
+                (o.rss.0 - alone) * 1024.0 / o.members as f64
+            ),
+        );
+    } else {
+        line(
+            "leader RSS per member, per tunnel",
+            format!(
+                "{:.1} KiB, {:.1} KiB ({alone:.0} MiB alone, {members:.0} MiB with every member and no tunnel)",
+                (members - alone) * 1024.0 / o.members as f64,
+                (o.rss.0 - members) * 1024.0 / o.members as f64,
+            ),
+        );
+    }
     line(
         &format!("killed → Unknown ({} agents)", o.killed.len()),
         format!(

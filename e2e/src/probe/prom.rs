@@ -19,8 +19,30 @@ pub(crate) async fn request_counts(admin: &Client) -> BTreeMap<String, f64> {
     parse_request_counts(&text)
 }
 
+/// `apiserver_request_total` of every verb, by `VERB resource[/subresource]`, with requests
+/// answered 429 (priority and fairness turned them away) counted apart.
+pub(crate) async fn request_mix(admin: &Client) -> BTreeMap<String, f64> {
+    let req = http::Request::get("/metrics").body(vec![]).expect("request");
+    let text = admin.request_text(req).await.expect("API server /metrics");
+    parse_counts(&text, |verb, code| {
+        Some(format!("{verb} {}", if code == "429" { "(429) " } else { "" }))
+    })
+}
+
 /// Sums `apiserver_request_total` samples of write verbs by `resource[/subresource]`.
 pub fn parse_request_counts(text: &str) -> BTreeMap<String, f64> {
+    parse_counts(text, |verb, _| {
+        matches!(
+            verb,
+            "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE" | "DELETECOLLECTION"
+        )
+        .then(String::new)
+    })
+}
+
+/// Sums `apiserver_request_total` samples by `resource[/subresource]`, each keyed after the
+/// prefix `prefix` gives for its verb and code (none: not counted).
+fn parse_counts(text: &str, prefix: impl Fn(&str, &str) -> Option<String>) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
     for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
         let Some((labels, value)) = line.rsplit_once(' ') else {
@@ -34,13 +56,10 @@ pub fn parse_request_counts(text: &str) -> BTreeMap<String, f64> {
             .map(|(k, v)| (k, v.trim_end_matches('"')))
             .collect();
         let label = |name: &str| labels.get(name).copied().unwrap_or_default();
-        if !matches!(
-            label("verb"),
-            "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE" | "DELETECOLLECTION"
-        ) {
+        let Some(mut what) = prefix(label("verb"), label("code")) else {
             continue;
-        }
-        let mut what = label("resource").to_string();
+        };
+        what.push_str(label("resource"));
         if !label("subresource").is_empty() {
             what = format!("{what}/{}", label("subresource"));
         }
