@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, GetParams, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
 use tether_api::registration::RegistrationResult;
 use tether_api::{ClusterRegistrationRequest, ClusterRegistrationRequestSpec};
@@ -85,10 +85,13 @@ pub async fn register(
     let deadline = tokio::time::Instant::now() + timeout;
     let mut wait = Duration::from_millis(250);
     loop {
-        let r = api
-            .get(&name)
-            .await
-            .map_err(classify("read registration request"))?;
+        // NB: read from the API server's watch cache (no etcd read per poll, and polls are most
+        // of a registration's reads); a request created a moment ago may not be there yet.
+        let r = match api.get_with(&name, &GetParams::any()).await {
+            Err(kube::Error::Api(s)) if s.code == 404 => api.get(&name).await,
+            r => r,
+        }
+        .map_err(classify("read registration request"))?;
         let status = r.status.unwrap_or_default();
         match status.result {
             RegistrationResult::Approved => {
