@@ -4,8 +4,11 @@
 //! and from the byte after those HTTP/2 runs on the connection as on a tunnel that started with
 //! it. Either end pings at its interval with one ping outstanding, and gives the tunnel up when a
 //! ping stays unanswered for its timeout: liveness is the same as HTTP/2 PING gives, without the
-//! HTTP/2 connection's buffers (about 40 KiB a tunnel at the leader). An end that did not say so
-//! (an agent or a leader from before) gets HTTP/2 from the first byte, as before.
+//! HTTP/2 connection's buffers (about 40 KiB a tunnel at the leader). The agent leaves out its
+//! ping in an interval in which the leader's arrived: that ping and its answer already proved
+//! the tunnel both ways, so a tunnel carries two one-byte records per interval rather than four
+//! (each relayed by kube-apiserver). An end that did not say so (an agent or a leader from before)
+//! gets HTTP/2 from the first byte, as before.
 
 use std::time::Duration;
 
@@ -34,6 +37,9 @@ const STARTED: u8 = 0x04;
 /// of ours.
 const MAX_PINGS_PER_WINDOW: u32 = 8;
 const FLOOD_WINDOW: Duration = Duration::from_secs(1);
+/// A quiet end leaves its ping out when the peer's came within this many of its intervals: more
+/// than one, so that two ends on the same interval whose pings drift together do not take turns.
+const QUIET_WITHIN: f64 = 1.5;
 
 /// Why an idle tunnel ended.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +82,10 @@ impl From<std::io::Error> for Error {
 struct Pinger {
     interval: Duration,
     timeout: Duration,
+    /// Leaves out a ping when the peer's arrived within [`QUIET_WITHIN`] intervals (the agent's end).
+    quiet: bool,
+    /// When the peer pinged last.
+    heard: Option<Instant>,
     /// When to ping, or (while `waiting`) when the ping counts as unanswered.
     due: Instant,
     waiting: bool,
@@ -85,10 +95,12 @@ struct Pinger {
 }
 
 impl Pinger {
-    fn new(interval: Duration, timeout: Duration) -> Self {
+    fn new(interval: Duration, timeout: Duration, quiet: bool) -> Self {
         Self {
             interval,
             timeout,
+            quiet,
+            heard: None,
             due: Instant::now() + interval,
             waiting: false,
             pinged: 0,
@@ -107,17 +119,29 @@ impl Pinger {
         if self.pinged > MAX_PINGS_PER_WINDOW {
             return Err(Error::Flood);
         }
+        self.heard = Some(now);
         Ok(())
     }
 
-    /// `due` passed: the ping went unanswered, or the next one is to be sent now.
-    fn fire(&mut self) -> Result<(), Error> {
+    /// `due` passed: the ping went unanswered (an error), or the next one is to be sent now
+    /// (`true`) or left out (`false`: a quiet end that heard the peer's lately).
+    /// NB: a quiet end notices a peer gone silent within 2.5 intervals and its timeout.
+    fn fire(&mut self) -> Result<bool, Error> {
         if self.waiting {
             return Err(Error::Silent(self.timeout));
         }
+        let now = Instant::now();
+        if self.quiet
+            && self
+                .heard
+                .is_some_and(|at| now - at <= self.interval.mul_f64(QUIET_WITHIN))
+        {
+            self.due = now + self.interval;
+            return Ok(false);
+        }
         self.waiting = true;
-        self.due = Instant::now() + self.timeout;
-        Ok(())
+        self.due = now + self.timeout;
+        Ok(true)
     }
 
     fn answered(&mut self) {
@@ -173,8 +197,9 @@ async fn idle<T: AsyncRead + AsyncWrite>(
                 other => return Err(Error::Unexpected(other)),
             },
             () = tokio::time::sleep_until(pinger.due) => {
-                pinger.fire()?;
-                put(w, PING, timeout).await?;
+                if pinger.fire()? {
+                    put(w, PING, timeout).await?;
+                }
             }
             () = &mut asked => return Ok(()),
         }
@@ -191,7 +216,13 @@ pub async fn lead<T: AsyncRead + AsyncWrite + Unpin>(
     start: &Notify,
 ) -> Result<T, Error> {
     let (mut r, mut w) = tokio::io::split(io);
-    idle(&mut r, &mut w, &mut Pinger::new(interval, timeout), Some(start)).await?;
+    idle(
+        &mut r,
+        &mut w,
+        &mut Pinger::new(interval, timeout, false),
+        Some(start),
+    )
+    .await?;
     put(&mut w, START, timeout).await?;
     // NB: what the agent sent before it read START is still idle bytes; none is answered now,
     // since everything the agent reads after START is HTTP/2.
@@ -210,16 +241,17 @@ pub async fn lead<T: AsyncRead + AsyncWrite + Unpin>(
     Ok(r.unsplit(w))
 }
 
-/// The agent's end of an idle tunnel: pings every `interval` and fails when one goes unanswered
-/// for `timeout`, answers the leader's pings, and when the leader asks, confirms and hands the
-/// connection back to serve HTTP/2 on (the next byte is the leader's HTTP/2).
+/// The agent's end of an idle tunnel: pings every `interval` in which the leader did not, fails
+/// when one goes unanswered for `timeout`, answers the leader's pings, and when the leader asks,
+/// confirms and hands the connection back to serve HTTP/2 on (the next byte is the leader's
+/// HTTP/2).
 pub async fn follow<T: AsyncRead + AsyncWrite + Unpin>(
     io: T,
     interval: Duration,
     timeout: Duration,
 ) -> Result<T, Error> {
     let (mut r, mut w) = tokio::io::split(io);
-    idle(&mut r, &mut w, &mut Pinger::new(interval, timeout), None).await?;
+    idle(&mut r, &mut w, &mut Pinger::new(interval, timeout, true), None).await?;
     put(&mut w, STARTED, timeout).await?;
     Ok(r.unsplit(w))
 }
@@ -277,6 +309,49 @@ mod tests {
         assert!(!leader.is_finished() && !agent.is_finished());
     }
 
+    /// Reads what is there within `within`, and counts PINGs and PONGs in it.
+    async fn drain(io: &mut tokio::io::DuplexStream, within: Duration) -> (usize, usize) {
+        let (mut pings, mut pongs) = (0, 0);
+        let mut buf = [0u8; 64];
+        while let Ok(Ok(n)) = tokio::time::timeout(within, io.read(&mut buf)).await {
+            assert!(n > 0, "the agent closed the tunnel");
+            pings += buf[..n].iter().filter(|b| **b == PING).count();
+            pongs += buf[..n].iter().filter(|b| **b == PONG).count();
+        }
+        (pings, pongs)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_agent_the_leader_pings_sends_none_of_its_own_until_the_leader_stops() {
+        let (mut leader, agent_io) = duplex(64);
+        let agent = tokio::spawn(follow(agent_io, PINGS, TIMEOUT));
+        // An hour of the leader pinging every interval: every ping answered, none sent back.
+        let (mut pings, mut pongs) = (0, 0);
+        for _ in 0..720 {
+            leader.write_all(&[PING]).await.expect("write");
+            let (i, o) = drain(&mut leader, PINGS).await;
+            (pings, pongs) = (pings + i, pongs + o);
+        }
+        assert_eq!((pings, pongs), (0, 720));
+        // The leader stops pinging but answers: the agent pings again, and stays up.
+        let mut answered = 0;
+        for _ in 0..10 {
+            let (i, _) = drain(&mut leader, PINGS).await;
+            for _ in 0..i {
+                leader.write_all(&[PONG]).await.expect("write");
+            }
+            answered += i;
+        }
+        assert!(answered >= 4, "the agent pinged {answered} times in 10 intervals");
+        assert!(!agent.is_finished());
+        // The leader falls silent: given up within an interval and the timeout (it did not ping
+        // lately, so the agent's next ping is due within an interval).
+        let t0 = Instant::now();
+        let err = agent.await.expect("task").expect_err("silent");
+        assert!(err.is_timeout(), "{err}");
+        assert!(t0.elapsed() <= PINGS + TIMEOUT, "{:?}", t0.elapsed());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_start_asked_before_the_loop_runs_is_not_lost() {
         let (leader_io, agent_io) = duplex(64);
@@ -303,6 +378,20 @@ mod tests {
         let (_frozen, agent_io) = duplex(64);
         let err = follow(agent_io, PINGS, TIMEOUT).await.expect_err("silent");
         assert!(err.is_timeout(), "{err}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_frozen_right_after_its_ping_is_given_up_all_the_same() {
+        let (mut leader, agent_io) = duplex(64);
+        let t0 = Instant::now();
+        leader.write_all(&[PING]).await.expect("write");
+        let err = follow(agent_io, PINGS, TIMEOUT).await.expect_err("silent");
+        assert!(err.is_timeout(), "{err}");
+        assert!(
+            t0.elapsed() <= PINGS.mul_f64(QUIET_WITHIN + 1.0) + TIMEOUT,
+            "{:?}",
+            t0.elapsed()
+        );
     }
 
     #[tokio::test(start_paused = true)]
