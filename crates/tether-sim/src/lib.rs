@@ -82,6 +82,9 @@ impl std::fmt::Debug for Join {
     }
 }
 
+/// Idle connections to the leader the shared pool keeps.
+const POOL_IDLE: usize = 256;
+
 type Http =
     hyper_util::client::legacy::Client<hyper_rustls::HttpsConnector<HttpConnector>, kube::client::Body>;
 
@@ -159,7 +162,11 @@ impl Fleet {
                 op: "build TLS connector",
                 source,
             })?;
-        let http = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector);
+        // NB: hyper keeps every idle connection unless told; a fleet's burst would leave
+        // thousands open in this one process, against its open-file limit.
+        let http = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(POOL_IDLE)
+            .build(connector);
         let reach = Arc::new(Reach {
             url: join.leader_url.clone(),
             trust,
