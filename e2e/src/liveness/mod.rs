@@ -192,15 +192,18 @@ pub async fn run(s: &Settings) -> Outcome {
         let cancel = CancellationToken::new();
         let i = running.len();
         let tunnel = m.tunnel("prod");
+        let tunnel = if at_join {
+            Some(tokio::spawn(tunnel))
+        } else {
+            tunnels.push(tunnel);
+            None
+        };
         running.push(Running {
             name: m.name.clone(),
             heartbeat: cancel.clone(),
-            tunnel: at_join.then(|| tokio::spawn(tunnel)),
+            tunnel,
             frozen: (i < 2 * s.probes).then(|| Box::pin(m.frozen_tunnel("prod")) as Frozen),
         });
-        if !at_join {
-            tunnels.push(m.tunnel("prod"));
-        }
         tokio::spawn(m.heartbeat_until(cancel));
         if (i + 1).is_multiple_of((n / 10).max(1)) {
             eprintln!("   {} joined after {:.0?}", i + 1, started.elapsed());
