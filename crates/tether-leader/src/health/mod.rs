@@ -15,9 +15,10 @@
 //! - when many tunnels close at once (the API server in their path restarted, or a replica
 //!   handed over), each gets `MASS_GRACE` to attach again;
 //! - for `TERM_GRACE` after this replica gains leadership, no member is judged by the absence of
-//!   a tunnel or of a recent renewal: agents are still re-attaching to it.
+//!   a tunnel or of a recent renewal: agents are still re-attaching to it;
+//! - both graces go on while tunnels keep coming back, up to a bound (`tunnels.rs`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -25,9 +26,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 
 mod transition;
+mod tunnels;
 mod verdict;
 
 pub use transition::{Facts, Notice, Transition, transition};
+use tunnels::Tunnels;
+pub use tunnels::{MASS_GRACE, TERM_GRACE, Tunnel};
 pub use verdict::{Signals, Timings, Verdict, judge};
 
 /// What the leader last saw of one member's heartbeat.
@@ -48,42 +52,9 @@ pub struct Observation {
     pub interval: Option<Duration>,
 }
 
-/// A member's tunnel, as this replica saw it during its current leadership term.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Tunnel {
-    /// No tunnel attached to this replica this term (or it does not serve member access).
-    Unseen,
-    /// Attached, and answering pings.
-    Attached,
-    /// Closed `ago`; `silent` when it stopped answering pings rather than being closed.
-    Closed {
-        /// How long ago (blind time not counted).
-        ago: Duration,
-        /// Closed for not answering pings within the timeout (so the silence was its grace).
-        silent: bool,
-    },
-}
-
-#[derive(Clone, Copy, Debug)]
-enum TunnelSeen {
-    Attached,
-    Closed { at: Instant, silent: bool },
-}
-
 /// How long after its last error a watch without another error counts as working again (longer
 /// than the longest watch retry delay, so a watch still failing errors again first).
 pub const QUIET: Duration = Duration::from_secs(10);
-/// How long after gaining leadership absence (of a tunnel, of a recent renewal) is not judged.
-pub const TERM_GRACE: Duration = Duration::from_secs(45);
-/// How long tunnels that closed together get to attach again.
-pub const MASS_GRACE: Duration = Duration::from_secs(45);
-/// Closes within this window count together.
-const MASS_WINDOW: Duration = Duration::from_secs(5);
-/// At least this many closes within the window, and at least `MASS_SHARE` of the tunnels, are a
-/// mass close.
-const MASS_MIN: usize = 2;
-const MASS_SHARE: f64 = 0.05;
-
 /// Whether the leader can see heartbeats.
 #[derive(Clone, Copy, Debug, Default)]
 struct Sight {
@@ -91,18 +62,6 @@ struct Sight {
     blind_since: Option<Instant>,
     /// The last watch error.
     last_error: Option<Instant>,
-}
-
-#[derive(Default)]
-struct Tunnels {
-    seen: HashMap<String, TunnelSeen>,
-    attached: usize,
-    /// Recent closes and whose, for spotting a mass close.
-    recent: VecDeque<(Instant, String)>,
-    /// Until when closes count as part of a mass close.
-    mass_until: Option<Instant>,
-    /// When this replica's leadership term began.
-    term: Option<Instant>,
 }
 
 /// Last renewal and tunnel of every member, keyed by `namespace/name`.
@@ -155,15 +114,7 @@ impl Tracker {
         for s in lock(&self.seen).values_mut() {
             s.at = (s.at + blind).min(now);
         }
-        let mut t = lock(&self.tunnels);
-        for s in t.seen.values_mut() {
-            if let TunnelSeen::Closed { at, .. } = s {
-                *at = (*at + blind).min(now);
-            }
-        }
-        if let Some(until) = t.mass_until.as_mut() {
-            *until += blind;
-        }
+        lock(&self.tunnels).shift(blind, now);
     }
 
     /// Records the heartbeat's `renewTime` as seen at `now` and returns the member's heartbeat age.
@@ -219,9 +170,10 @@ impl Tracker {
     }
 
     /// This replica leads at `now`: if that began a term, absence is not judged for
-    /// `TERM_GRACE` from now. Idempotent within a term.
+    /// `TERM_GRACE` from now (longer while tunnels come back; `tunnels.rs`). Idempotent within
+    /// a term.
     pub fn start_term(&self, now: Instant) {
-        lock(&self.tunnels).term.get_or_insert(now);
+        lock(&self.tunnels).start_term(now);
     }
 
     /// This replica lost leadership: what it saw of tunnels no longer counts.
@@ -229,77 +181,27 @@ impl Tracker {
         *lock(&self.tunnels) = Tunnels::default();
     }
 
-    /// `key`'s tunnel attached at this replica.
-    pub fn tunnel_attached(&self, key: &str) {
-        let mut t = lock(&self.tunnels);
-        let before = t.seen.insert(key.to_string(), TunnelSeen::Attached);
-        if !matches!(before, Some(TunnelSeen::Attached)) {
-            t.attached += 1;
-        }
+    /// `key`'s tunnel attached at this replica at `now`.
+    pub fn tunnel_attached(&self, key: &str, now: Instant) {
+        lock(&self.tunnels).attached(key, now);
     }
 
     /// `key`'s tunnel closed at `now`; `silent` if it stopped answering pings.
     pub fn tunnel_closed(&self, key: &str, now: Instant, silent: bool) {
-        let mut t = lock(&self.tunnels);
-        let before = t
-            .seen
-            .insert(key.to_string(), TunnelSeen::Closed { at: now, silent });
-        if !matches!(before, Some(TunnelSeen::Attached)) {
-            return;
-        }
-        let open_before = t.attached;
-        t.attached -= 1;
-        while t
-            .recent
-            .front()
-            .is_some_and(|(c, _)| now.saturating_duration_since(*c) > MASS_WINDOW)
-        {
-            t.recent.pop_front();
-        }
-        t.recent.push_back((now, key.to_string()));
-        // NB: members, not closes: one member that closes its own tunnel over and over must not
-        // buy every other member the mass close's grace.
-        let members: std::collections::HashSet<&str> = t.recent.iter().map(|(_, k)| k.as_str()).collect();
-        let threshold = MASS_MIN.max((open_before as f64 * MASS_SHARE).ceil() as usize);
-        if members.len() >= threshold {
-            // NB: the closes already in the window are part of it too.
-            let first = t.recent.front().map_or(now, |(at, _)| *at);
-            t.mass_until = Some(first.max(t.mass_until.unwrap_or(first)).max(now) + MASS_GRACE);
-        }
+        lock(&self.tunnels).closed(key, now, silent);
     }
 
     /// `key`'s tunnel as seen this term, and until when (if at all) absence is not judged: for
     /// a member not attached this term yet, the end of the term's grace; for a closed tunnel,
-    /// the end of the mass close it was part of (its agent already had its chance at this
-    /// replica, so the term's grace is not its).
+    /// the end of the mass close it was part of.
     pub fn tunnel(&self, key: &str, now: Instant) -> (Tunnel, Option<Instant>) {
-        let t = lock(&self.tunnels);
-        match t.seen.get(key) {
-            None => (
-                Tunnel::Unseen,
-                t.term.map(|term| term + TERM_GRACE).filter(|u| *u > now),
-            ),
-            Some(TunnelSeen::Attached) => (Tunnel::Attached, None),
-            Some(TunnelSeen::Closed { at, silent }) => {
-                let mass = t
-                    .mass_until
-                    .filter(|until| *until > now && *at + MASS_WINDOW + MASS_GRACE >= *until);
-                let tunnel = Tunnel::Closed {
-                    ago: now.saturating_duration_since(*at),
-                    silent: *silent,
-                };
-                (tunnel, mass)
-            }
-        }
+        lock(&self.tunnels).tunnel(key, now)
     }
 
     /// Forgets a member that left.
     pub fn forget(&self, key: &str) {
         lock(&self.seen).remove(key);
-        let mut t = lock(&self.tunnels);
-        if matches!(t.seen.remove(key), Some(TunnelSeen::Attached)) {
-            t.attached -= 1;
-        }
+        lock(&self.tunnels).forget(key);
     }
 
     /// How many members are tracked.
@@ -417,7 +319,7 @@ mod tests {
         let now = Instant::now();
         t.start_term(now - TERM_GRACE - Duration::from_secs(1));
         for i in 0..40 {
-            t.tunnel_attached(&format!("ns/m{i}"));
+            t.tunnel_attached(&format!("ns/m{i}"), now - TERM_GRACE);
         }
         // One close: no grace beyond the detection time.
         t.tunnel_closed("ns/m0", now, false);
@@ -445,7 +347,7 @@ mod tests {
         // One member closing its own tunnel again and again is no mass close.
         let churn = later + Duration::from_secs(120);
         for i in 0..5 {
-            t.tunnel_attached("ns/m9");
+            t.tunnel_attached("ns/m9", churn);
             t.tunnel_closed("ns/m9", churn + Duration::from_millis(i * 100), false);
         }
         assert_eq!(t.tunnel("ns/m9", churn + Duration::from_secs(1)).1, None);
@@ -462,12 +364,12 @@ mod tests {
             (Tunnel::Unseen, Some(start + TERM_GRACE))
         );
         // A member that attached this term and closed again gets no term grace: it had its chance.
-        t.tunnel_attached("ns/b");
+        t.tunnel_attached("ns/b", start + Duration::from_secs(1));
         t.tunnel_closed("ns/b", start + Duration::from_secs(2), false);
         assert_eq!(t.tunnel("ns/b", start + Duration::from_secs(3)).1, None);
         let after = start + TERM_GRACE + Duration::from_secs(1);
         assert_eq!(t.tunnel("ns/a", after), (Tunnel::Unseen, None));
-        t.tunnel_attached("ns/a");
+        t.tunnel_attached("ns/a", after);
         t.tunnel_closed("ns/a", after, false);
         // The watches fail from the close on for 30 s: the close counts from their recovery.
         t.lost_sight(after);

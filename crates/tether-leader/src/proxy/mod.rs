@@ -463,7 +463,7 @@ async fn follow_tunnels(ctx: Arc<Context>, tunnels: Arc<Tunnels>, mut rx: mpsc::
         let m = &change.member;
         let key = format!("{}/{}", m.namespace, m.name);
         if change.connected {
-            ctx.health.tunnel_attached(&key);
+            ctx.health.tunnel_attached(&key, now);
         } else {
             ctx.health.tunnel_closed(&key, now, change.silent);
         }

@@ -1,0 +1,244 @@
+//! The members' tunnels as this replica saw them during its leadership term, and until when
+//! absence is not judged: a new term's grace, and a mass close's. Both last at least their fixed
+//! grace, and longer while tunnels keep coming back (until `RETURN_QUIET` after the last one, at
+//! most `SETTLE_MAX` from the start): at 10,000 members a fleet re-attaches at the pace the
+//! API server allows, which no fixed grace fits.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// How long after gaining leadership absence (of a tunnel, of a recent renewal) is not judged.
+pub const TERM_GRACE: Duration = Duration::from_secs(45);
+/// How long tunnels that closed together get to attach again.
+pub const MASS_GRACE: Duration = Duration::from_secs(45);
+/// A grace goes on while tunnels come back: until this long after the last one…
+const RETURN_QUIET: Duration = Duration::from_secs(15);
+/// …but never longer than this from its start.
+const SETTLE_MAX: Duration = Duration::from_secs(180);
+/// Closes within this window count together.
+const MASS_WINDOW: Duration = Duration::from_secs(5);
+/// At least this many closes within the window, and at least `MASS_SHARE` of the tunnels, are a
+/// mass close.
+const MASS_MIN: usize = 2;
+const MASS_SHARE: f64 = 0.05;
+
+/// A member's tunnel, as this replica saw it during its current leadership term.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tunnel {
+    /// No tunnel attached to this replica this term (or it does not serve member access).
+    Unseen,
+    /// Attached, and answering pings.
+    Attached,
+    /// Closed `ago`; `silent` when it stopped answering pings rather than being closed.
+    Closed {
+        /// How long ago (blind time not counted).
+        ago: Duration,
+        /// Closed for not answering pings within the timeout (so the silence was its grace).
+        silent: bool,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Seen {
+    Attached,
+    Closed { at: Instant, silent: bool },
+}
+
+/// A burst of closes: the first and the last close counted in it.
+#[derive(Clone, Copy, Debug)]
+struct Mass {
+    from: Instant,
+    to: Instant,
+}
+
+#[derive(Default)]
+pub(super) struct Tunnels {
+    seen: HashMap<String, Seen>,
+    attached: usize,
+    /// Recent closes and whose, for spotting a mass close…
+    recent: VecDeque<(Instant, String)>,
+    /// …and how many of them each member made.
+    recent_by: HashMap<String, usize>,
+    /// The last mass close.
+    mass: Option<Mass>,
+    /// When a tunnel last attached that was not attached before (first this term, or again).
+    returned: Option<Instant>,
+    /// When this replica's leadership term began.
+    term: Option<Instant>,
+}
+
+impl Tunnels {
+    /// This replica leads at `now` (idempotent within a term).
+    pub(super) fn start_term(&mut self, now: Instant) {
+        self.term.get_or_insert(now);
+    }
+
+    /// `key`'s tunnel attached at `now`.
+    pub(super) fn attached(&mut self, key: &str, now: Instant) {
+        let before = self.seen.insert(key.to_string(), Seen::Attached);
+        if !matches!(before, Some(Seen::Attached)) {
+            self.attached += 1;
+            self.returned = Some(now);
+        }
+    }
+
+    /// `key`'s tunnel closed at `now`; `silent` if it stopped answering pings.
+    pub(super) fn closed(&mut self, key: &str, now: Instant, silent: bool) {
+        let before = self
+            .seen
+            .insert(key.to_string(), Seen::Closed { at: now, silent });
+        if !matches!(before, Some(Seen::Attached)) {
+            return;
+        }
+        let open_before = self.attached;
+        self.attached -= 1;
+        while let Some((c, _)) = self.recent.front()
+            && now.saturating_duration_since(*c) > MASS_WINDOW
+        {
+            if let Some((_, k)) = self.recent.pop_front()
+                && let Some(n) = self.recent_by.get_mut(&k)
+            {
+                *n -= 1;
+                if *n == 0 {
+                    self.recent_by.remove(&k);
+                }
+            }
+        }
+        self.recent.push_back((now, key.to_string()));
+        *self.recent_by.entry(key.to_string()).or_default() += 1;
+        // NB: members, not closes: one member that closes its own tunnel over and over must not
+        // buy every other member the mass close's grace.
+        let threshold = MASS_MIN.max((open_before as f64 * MASS_SHARE).ceil() as usize);
+        if self.recent_by.len() >= threshold {
+            // NB: the closes already in the window are part of it too, and a burst that goes on
+            // is one mass close, however many closes it counts.
+            let first = self.recent.front().map_or(now, |(at, _)| *at);
+            self.mass = Some(match self.mass {
+                Some(m) if m.to + MASS_WINDOW >= first => Mass {
+                    from: m.from,
+                    to: now,
+                },
+                _ => Mass { from: first, to: now },
+            });
+        }
+    }
+
+    /// `key`'s tunnel, and until when (if at all) absence is not judged: for a member not
+    /// attached this term yet, the end of the term's grace; for a closed tunnel, the end of the
+    /// mass close it was part of (its agent already had its chance at this replica, so the
+    /// term's grace is not its).
+    pub(super) fn tunnel(&self, key: &str, now: Instant) -> (Tunnel, Option<Instant>) {
+        match self.seen.get(key) {
+            None => {
+                let until = self.term.map(|term| self.settled(term + TERM_GRACE, term));
+                (Tunnel::Unseen, until.filter(|u| *u > now))
+            }
+            Some(Seen::Attached) => (Tunnel::Attached, None),
+            Some(Seen::Closed { at, silent }) => {
+                let until = self
+                    .mass
+                    .filter(|m| m.from <= *at && *at <= m.to)
+                    .map(|m| self.settled(m.to + MASS_GRACE, m.from));
+                let tunnel = Tunnel::Closed {
+                    ago: now.saturating_duration_since(*at),
+                    silent: *silent,
+                };
+                (tunnel, until.filter(|u| *u > now))
+            }
+        }
+    }
+
+    /// The end of a grace that began at `start` and lasts until `until` at least: later while
+    /// tunnels come back.
+    fn settled(&self, until: Instant, start: Instant) -> Instant {
+        match self.returned {
+            Some(r) if r >= start => until.max((r + RETURN_QUIET).min(start + SETTLE_MAX)),
+            _ => until,
+        }
+    }
+
+    /// Adds `blind` to every close (never past `now`).
+    pub(super) fn shift(&mut self, blind: Duration, now: Instant) {
+        let later = |at: &mut Instant| *at = (*at + blind).min(now);
+        for s in self.seen.values_mut() {
+            if let Seen::Closed { at, .. } = s {
+                later(at);
+            }
+        }
+        if let Some(m) = self.mass.as_mut() {
+            later(&mut m.from);
+            later(&mut m.to);
+        }
+    }
+
+    /// Forgets `key`.
+    pub(super) fn forget(&mut self, key: &str) {
+        if matches!(self.seen.remove(key), Some(Seen::Attached)) {
+            self.attached -= 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    #[test]
+    fn a_new_term_settles_while_the_fleet_comes_back_and_no_longer() {
+        let mut t = Tunnels::default();
+        let start = Instant::now();
+        t.start_term(start);
+        // Nobody back yet: the fixed grace.
+        assert_eq!(
+            t.tunnel("ns/late", start + S(1)),
+            (Tunnel::Unseen, Some(start + TERM_GRACE))
+        );
+        // The fleet comes back slowly, one every 10 s: the grace follows it…
+        for i in 1..=10 {
+            t.attached(&format!("ns/m{i}"), start + S(10 * i));
+        }
+        assert_eq!(t.tunnel("ns/late", start + S(101)).1, Some(start + S(115)));
+        // …for at most SETTLE_MAX.
+        for i in 11..=30 {
+            t.attached(&format!("ns/m{i}"), start + S(10 * i));
+        }
+        assert_eq!(t.tunnel("ns/late", start + S(170)).1, Some(start + SETTLE_MAX));
+        assert_eq!(t.tunnel("ns/late", start + SETTLE_MAX).1, None);
+        // Once returns stop, RETURN_QUIET later absence is judged.
+        let mut t = Tunnels::default();
+        t.start_term(start);
+        t.attached("ns/m1", start + S(40));
+        assert_eq!(t.tunnel("ns/late", start + S(54)).1, Some(start + S(55)));
+        assert_eq!(t.tunnel("ns/late", start + S(56)).1, None);
+    }
+
+    #[test]
+    fn a_burst_of_thousands_of_closes_is_one_mass_close_with_one_grace() {
+        let mut t = Tunnels::default();
+        let t0 = Instant::now();
+        t.start_term(t0 - S(600));
+        for i in 0..10_000 {
+            t.attached(&format!("ns/m{i}"), t0 - S(600));
+        }
+        // The API server in the tunnels' path restarts: every tunnel closes within 8 s.
+        for i in 0..10_000u64 {
+            t.closed(&format!("ns/m{i}"), t0 + Duration::from_micros(800 * i), false);
+        }
+        let last = t0 + Duration::from_micros(800 * 9_999);
+        for key in ["ns/m0", "ns/m5000", "ns/m9999"] {
+            assert_eq!(t.tunnel(key, last).1, Some(last + MASS_GRACE), "{key}");
+        }
+        // The first come back 30 s later and keep coming: the grace follows them.
+        for i in 0..5_000u64 {
+            t.attached(&format!("ns/m{i}"), last + S(30) + Duration::from_millis(10 * i));
+        }
+        let back = last + S(30) + Duration::from_millis(10 * 4_999);
+        assert_eq!(t.tunnel("ns/m9999", back).1, Some(back + RETURN_QUIET));
+        // A lone close long after is judged on its own.
+        let lone = last + S(600);
+        t.closed("ns/m1", lone, false);
+        assert_eq!(t.tunnel("ns/m1", lone).1, None);
+    }
+}
