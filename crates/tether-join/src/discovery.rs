@@ -16,11 +16,9 @@ use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ObjectMeta;
 use kube::client::ConfigExt;
-use kube::client::retry::RetryPolicy;
 use kube::config::{AuthInfo, Kubeconfig};
 use kube::{Api, Client, Config};
 use tower::BoxError;
-use tower::retry::RetryLayer;
 use tower_http::trace::TraceLayer;
 use tracing::info;
 
@@ -143,7 +141,7 @@ pub fn leader_config(url: &str, trust: &Trust, token: Option<&str>) -> Result<Co
 
 /// A client of the leader from `config`, the stack `Client::try_from` builds (timeouts, retries of
 /// 429/503/504 honouring Retry-After, auth, extra headers, debug spans per request) with
-/// TCP_NODELAY on its connections.
+/// TCP_NODELAY on its connections; a request marked `retry::Once` is sent once.
 /// NB: kube's own connector leaves Nagle on; on a tunnel carrying small HTTP/2 frames to a peer
 /// that delays ACKs that costs up to 40 ms per exchange, so every client that talks to the
 /// leader is built here.
@@ -156,9 +154,7 @@ pub fn leader_client(config: Config) -> Result<Client, kube::Error> {
     timed.set_read_timeout(config.read_timeout);
     timed.set_write_timeout(config.write_timeout);
     let pool = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(timed);
-    let retry = config
-        .default_retry
-        .then(|| RetryLayer::new(RetryPolicy::server_retry()));
+    let retry = config.default_retry.then(crate::retry::layer);
     let service = tower::ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(retry)

@@ -23,13 +23,11 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::Api;
 use kube::client::ConfigExt;
-use kube::client::retry::RetryPolicy;
 use tether_agent::heartbeat::{Intervals, renew};
 use tether_agent::link::Link;
 use tether_agent::register::{Registration, Target, register};
 use tether_join::discovery::{self, Trust};
 use tether_join::settle::Settle;
-use tower::retry::RetryLayer;
 use tower::{BoxError, ServiceBuilder};
 
 mod member;
@@ -266,9 +264,7 @@ fn client(url: &str, trust: &Trust, http: &Http, token: &str) -> Result<Client, 
     })?;
     // NB: the same stack as the agent's `Client::try_from(config)`, retries of 429/503/504
     // (honouring Retry-After) included; only the connection pool is shared.
-    let retry = config
-        .default_retry
-        .then(|| RetryLayer::new(RetryPolicy::server_retry()));
+    let retry = config.default_retry.then(tether_join::retry::layer);
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(retry)

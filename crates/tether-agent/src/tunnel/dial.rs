@@ -95,9 +95,22 @@ pub(crate) fn proof_refused(code: StatusCode, body: &[u8]) -> bool {
 }
 
 /// Asks the leader for a challenge and reads the proof out of it with the member's key.
-async fn proof(client: &Client, at: &Attach) -> Result<String, Dial> {
-    let path = attach_path(&at.namespace, &at.name);
-    read_challenge(client, &path, &at.namespace, &at.name, &at.key).await
+async fn proof(client: &Client, at: &Attach, req: Request<KubeBody>) -> Result<String, Dial> {
+    open_challenge(client, req, &at.namespace, &at.name, &at.key).await
+}
+
+/// A GET of `path`.
+fn get(path: &str) -> Result<Request<KubeBody>, Dial> {
+    Request::get(path)
+        .body(KubeBody::empty())
+        .map_err(Dial::unreachable)
+}
+
+/// `req`, sent once by the client: a dial's requests come back to the redial schedule at once
+/// (`run`), rather than waiting in the client's own retries while no leader replica serves.
+fn once(mut req: Request<KubeBody>) -> Request<KubeBody> {
+    req.extensions_mut().insert(tether_join::retry::Once);
+    req
 }
 
 /// GETs the challenge at `path` (attach or rejoin of member `name` in `namespace`) and reads
@@ -109,9 +122,17 @@ pub(crate) async fn read_challenge(
     name: &str,
     key: &str,
 ) -> Result<String, Dial> {
-    let req = Request::get(path)
-        .body(KubeBody::empty())
-        .map_err(Dial::unreachable)?;
+    open_challenge(client, get(path)?, namespace, name, key).await
+}
+
+/// Sends `req` for a challenge and reads the proof token out of it (see `read_challenge`).
+async fn open_challenge(
+    client: &Client,
+    req: Request<KubeBody>,
+    namespace: &str,
+    name: &str,
+    key: &str,
+) -> Result<String, Dial> {
     let resp = send(client, req).await?;
     let code = resp.status();
     let body = pipe::collect_limited(resp.into_body(), MAX_CHALLENGE).await;
@@ -135,8 +156,9 @@ pub(crate) async fn read_challenge(
 /// through the leader's API server that carries the proof (and offers to start HTTP/2 on
 /// demand; a leader from before ignores the offer).
 pub(super) async fn dial(client: &Client, at: &Attach) -> Result<Attached, Dial> {
-    let p = proof(client, at).await?;
-    let mut resp = send(client, attach_request(at, Some(&p), true)?).await?;
+    let path = attach_path(&at.namespace, &at.name);
+    let p = proof(client, at, once(get(&path)?)).await?;
+    let mut resp = send(client, once(attach_request(at, Some(&p), true)?)).await?;
     let code = resp.status();
     if code != StatusCode::SWITCHING_PROTOCOLS {
         let body = pipe::collect_limited(resp.into_body(), 2048).await;
@@ -158,7 +180,7 @@ pub(super) async fn dial(client: &Client, at: &Attach) -> Result<Attached, Dial>
 /// Proves the key again over `client` (a renewed credential), so the live tunnel is kept.
 pub(super) async fn reprove(client: Client, at: Attach, metrics: Metrics) {
     let renewed = async {
-        let p = proof(&client, &at).await?;
+        let p = proof(&client, &at, get(&attach_path(&at.namespace, &at.name))?).await?;
         let resp = send(&client, attach_request(&at, Some(&p), false)?).await?;
         let code = resp.status();
         let body = pipe::collect_limited(resp.into_body(), 2048).await;

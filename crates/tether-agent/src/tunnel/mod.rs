@@ -23,11 +23,13 @@ use tracing::{info, warn};
 
 mod dial;
 mod forward;
+mod redial;
 
 pub use dial::{Cause, attach_unserved};
 pub(crate) use dial::{Dial, proof_refused, read_challenge, refused, send};
 use dial::{dial, reprove};
 use forward::{Member, forward};
+use redial::{Ended, Redial};
 
 /// Largest request body forwarded (the API server's own limit for a request body is 3 MiB).
 /// NB: request bodies are read whole (kube's client takes no streamed body), within
@@ -40,18 +42,8 @@ const BODY_DEADLINE: Duration = Duration::from_secs(30);
 pub const BODY_BUDGET: usize = 16 * 1024 * 1024;
 /// Streams one tunnel serves at once; the next is answered 429.
 const MAX_STREAMS: usize = 128;
-/// First and longest wait between dials when the leader cannot be reached.
-const BACKOFF: (Duration, Duration) = (Duration::from_millis(250), Duration::from_secs(30));
-/// Longest wait when the leader answered but refused the tunnel (no proxy API there, or no
-/// right to attach): a fleet of such members must not hammer it.
-const REFUSED_BACKOFF: Duration = Duration::from_secs(300);
-/// A tunnel that lived this long resets the backoff.
-const HEALTHY: Duration = Duration::from_secs(30);
 /// Unanswered ping intervals before the agent gives a tunnel up (the set's default).
 const PING_MISSES: u32 = 2;
-/// The first redial after a healthy tunnel closed waits up to this long, at random: a fleet
-/// whose tunnels closed together (a leader replica handing over) spreads its attaches out.
-const REDIAL_SPREAD: Duration = Duration::from_secs(10);
 /// Largest challenge answer read from the leader.
 pub(crate) const MAX_CHALLENGE: usize = 16 * 1024;
 
@@ -134,12 +126,11 @@ pub async fn run(
     at: Attach,
     link: &Link,
 ) -> Result<(), crate::Error> {
-    let mut backoff = BACKOFF.0;
-    let mut limit = BACKOFF.1;
+    let mut redial = Redial::default();
     loop {
         let client = leader.borrow_and_update().clone();
         let started = Instant::now();
-        match dial(&client, &at).await {
+        let ended = match dial(&client, &at).await {
             Ok(attached) => {
                 access.metrics.attach("attached");
                 info!(namespace = %at.namespace, on_demand = attached.on_demand, "Tunnel to the leader attached");
@@ -178,6 +169,9 @@ pub async fn run(
                     Ok(()) => info!("Tunnel to the leader closed; redialling"),
                     Err(e) => warn!(error = %e, "Tunnel to the leader failed; redialling"),
                 }
+                Ended::Closed {
+                    lived: started.elapsed(),
+                }
             }
             Err(Dial::Unreachable(cause)) => {
                 access.metrics.attach("unreachable");
@@ -185,21 +179,15 @@ pub async fn run(
                     error = &*cause as &dyn std::error::Error,
                     "Cannot reach the leader to attach the tunnel; retrying"
                 );
-                limit = BACKOFF.1;
+                Ended::Unreachable
             }
             Err(Dial::Refused(why)) => {
                 access.metrics.attach("refused");
                 warn!(error = %why, "The leader refused the tunnel; retrying slowly");
-                limit = REFUSED_BACKOFF;
+                Ended::Refused
             }
-        }
-        let wait = if started.elapsed() >= HEALTHY {
-            backoff = BACKOFF.0;
-            REDIAL_SPREAD.mul_f64(rand::rng().random_range(0.0..1.0))
-        } else {
-            backoff.mul_f64(rand::rng().random_range(0.5..1.0))
         };
+        let wait = redial.after(ended, Instant::now(), rand::rng().random_range(0.0..1.0));
         tokio::time::sleep(wait).await;
-        backoff = (backoff * 2).min(limit);
     }
 }

@@ -1,0 +1,142 @@
+//! When the agent dials its tunnel again: pure, so that the whole schedule is a table test.
+//!
+//! - A tunnel that closed after it was healthy (a leader replica handing over, its API server
+//!   restarting) is redialled at a random point of `SPREAD`, so that a fleet whose tunnels
+//!   closed together spreads its attaches out. For `RECOVERY` after that, a dial the leader does
+//!   not answer is tried again after `FLOOR` plus a random point of `SPREAD`: the wait does not
+//!   grow, so every agent is back within about `FLOOR + SPREAD` of a new replica serving, and
+//!   one agent dials at most once per `FLOOR` (a fleet of N about N / 7 per second).
+//! - Otherwise failures back off exponentially with jitter, from `BACKOFF.0` up to `BACKOFF.1`
+//!   while the leader cannot be reached, and up to `REFUSED_BACKOFF` once it refused the tunnel
+//!   (no proxy API there, or no right to attach): a fleet of such members must not hammer it.
+
+use std::time::{Duration, Instant};
+
+/// First and longest wait between dials when the leader cannot be reached.
+const BACKOFF: (Duration, Duration) = (Duration::from_millis(250), Duration::from_secs(30));
+/// Longest wait when the leader answered but refused the tunnel.
+const REFUSED_BACKOFF: Duration = Duration::from_secs(300);
+/// A tunnel that lived this long was healthy: its close starts a recovery.
+const HEALTHY: Duration = Duration::from_secs(30);
+/// The random part of every wait while recovering (and all of the first one).
+const SPREAD: Duration = Duration::from_secs(10);
+/// The fixed part of a wait after a failed dial while recovering.
+const FLOOR: Duration = Duration::from_secs(2);
+/// How long after a healthy tunnel closed failed dials are retried at the recovery pace.
+const RECOVERY: Duration = Duration::from_secs(120);
+
+/// How the last dial ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Ended {
+    /// It attached, and the tunnel closed after `lived`.
+    Closed { lived: Duration },
+    /// No answer, or a server error.
+    Unreachable,
+    /// The leader refused the tunnel.
+    Refused,
+}
+
+/// The redial schedule of one tunnel.
+#[derive(Debug)]
+pub(super) struct Redial {
+    backoff: Duration,
+    recovering_until: Option<Instant>,
+}
+
+impl Default for Redial {
+    fn default() -> Self {
+        Self {
+            backoff: BACKOFF.0,
+            recovering_until: None,
+        }
+    }
+}
+
+impl Redial {
+    /// How long to wait after a dial that `ended` at `now`; `r` is a random number in [0, 1).
+    pub(super) fn after(&mut self, ended: Ended, now: Instant, r: f64) -> Duration {
+        let limit = match ended {
+            Ended::Closed { lived } if lived >= HEALTHY => {
+                self.backoff = BACKOFF.0;
+                self.recovering_until = Some(now + RECOVERY);
+                return SPREAD.mul_f64(r);
+            }
+            Ended::Closed { .. } | Ended::Unreachable => BACKOFF.1,
+            Ended::Refused => {
+                self.recovering_until = None;
+                REFUSED_BACKOFF
+            }
+        };
+        match self.recovering_until {
+            Some(until) if now < until => return FLOOR + SPREAD.mul_f64(r),
+            // NB: the recovery is over: go on from its pace, not from the first backoff.
+            Some(_) => {
+                self.recovering_until = None;
+                self.backoff = self.backoff.max(FLOOR + SPREAD);
+            }
+            None => {}
+        }
+        let wait = self.backoff.mul_f64(0.5 + 0.5 * r);
+        self.backoff = (self.backoff * 2).min(limit);
+        wait
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    #[test]
+    fn a_failover_is_redialled_at_a_steady_jittered_pace_then_backs_off_as_before() {
+        let mut d = Redial::default();
+        let t0 = Instant::now();
+        // A healthy tunnel closes: first dial within the spread.
+        assert_eq!(d.after(Ended::Closed { lived: S(3600) }, t0, 0.0), S(0));
+        assert_eq!(d.after(Ended::Closed { lived: S(3600) }, t0, 0.5), S(5));
+        // Failed dials during the recovery: 2–12 s each, however many.
+        for i in 0..20 {
+            let w = d.after(
+                Ended::Unreachable,
+                t0 + S(i * 5),
+                if i % 2 == 0 { 0.0 } else { 0.999 },
+            );
+            assert!(w >= FLOOR && w < FLOOR + SPREAD, "{w:?}");
+        }
+        // After it, the backoff goes on from the recovery's pace up to its limit.
+        let after = t0 + RECOVERY + S(1);
+        assert_eq!(d.after(Ended::Unreachable, after, 0.999).as_secs(), 11);
+        assert_eq!(d.after(Ended::Unreachable, after, 0.999).as_secs(), 23);
+        assert_eq!(d.after(Ended::Unreachable, after, 0.999).as_secs(), 29);
+        assert_eq!(d.after(Ended::Unreachable, after, 0.999).as_secs(), 29);
+    }
+
+    #[test]
+    fn without_a_healthy_tunnel_before_failures_back_off_exponentially() {
+        let mut d = Redial::default();
+        let now = Instant::now();
+        let waits: Vec<u128> = (0..9)
+            .map(|_| d.after(Ended::Unreachable, now, 0.0).as_millis())
+            .collect();
+        assert_eq!(waits, [125, 250, 500, 1000, 2000, 4000, 8000, 15000, 15000]);
+        // A tunnel that closes soon after attaching is a failure too, not a recovery.
+        assert_eq!(d.after(Ended::Closed { lived: S(5) }, now, 0.0), S(15));
+    }
+
+    #[test]
+    fn a_refusal_ends_a_recovery_and_backs_off_to_minutes() {
+        let mut d = Redial::default();
+        let now = Instant::now();
+        d.after(Ended::Closed { lived: S(600) }, now, 0.0);
+        assert_eq!(d.after(Ended::Refused, now, 0.0), Duration::from_millis(125));
+        let longest = (0..12)
+            .map(|_| d.after(Ended::Refused, now, 0.999))
+            .max()
+            .expect("waits");
+        assert!(longest > S(280) && longest < REFUSED_BACKOFF, "{longest:?}");
+        // Reachable again but not attaching: back to the shorter limit.
+        assert!(d.after(Ended::Unreachable, now, 0.999) > S(280));
+        assert!(d.after(Ended::Unreachable, now, 0.999) < S(30));
+    }
+}
