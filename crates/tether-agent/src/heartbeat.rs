@@ -33,8 +33,6 @@ use crate::status::StatusSink;
 use crate::{Error, FIELD_MANAGER, Metrics};
 /// After losing its tunnel, the agent waits this many short intervals before renewing.
 const DETACHED_WAIT: u32 = 3;
-/// How long the first renewal waits for the tunnel to attach.
-const FIRST_BEAT_WAIT: Duration = Duration::from_secs(5);
 /// Under a leader without heartbeat Leases, how often the agent tries its Lease again.
 const LEASE_RETRY: Duration = Duration::from_secs(300);
 
@@ -154,9 +152,6 @@ pub(crate) async fn run(
     let mut failures: u32 = 0;
     let mut forbidden = Settle::forbidden();
     let mut attached = link.attached();
-    // NB: the first renewal waits a moment for the tunnel, so that the leader's first status of
-    // the member says both (one write, not one for the heartbeat and another for the tunnel).
-    link.tunnel_within(FIRST_BEAT_WAIT).await;
     loop {
         let leader = client.borrow().clone();
         let now = Timestamp::now();

@@ -218,10 +218,7 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
 
     let (client_tx, client_rx) = watch::channel(leader.client(Some(&stored.credential.token))?);
     let name = spec.cluster_name.clone();
-    let link = match ctx.access {
-        Some(_) => crate::link::Link::dialing(),
-        None => crate::link::Link::default(),
-    };
+    let link = crate::link::Link::default();
     let tunnel = async {
         match ctx.access.clone() {
             Some(access) => {

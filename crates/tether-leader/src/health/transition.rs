@@ -62,8 +62,8 @@ pub fn transition(f: &Facts<'_>, now: Timestamp) -> Option<Transition> {
     // NB: a member never judged that has not renewed its heartbeat yet gets no status: its first
     // one comes with its first heartbeat (tunnel included, if it attached first), or as
     // `HeartbeatExpired` once the grace period is over, as a Node's first status comes from its
-    // kubelet. One status write per registration instead of three; at 10,000 members custom
-    // resource status writes were a fifth of the API server's CPU while members registered.
+    // kubelet. One or two status writes per registration instead of three; at 10,000 members
+    // custom resource status writes were a fifth of the API server's CPU while members registered.
     let awaiting = matches!(
         f.verdict,
         Verdict::Hold { .. }
