@@ -329,8 +329,20 @@ async fn an_agent_that_lost_its_key_and_credential_rejoins_as_the_same_cluster()
         },
     )
     .await;
-    let set = m.set().await.and_then(|s| s.status).expect("status");
-    assert_eq!(set.state.as_deref(), Some("Ready"), "{set:?}");
+    // NB: the agent writes its own status after its first heartbeat went through; the old
+    // credential may be refused before that.
+    eventually(
+        "the agent reports its set Ready",
+        Duration::from_secs(30),
+        || async {
+            let set = m.set().await.and_then(|s| s.status);
+            match set.as_ref().and_then(|s| s.state.as_deref()) {
+                Some("Ready") => Ok(()),
+                _ => Err(format!("{set:?}")),
+            }
+        },
+    )
+    .await;
 }
 
 #[tokio::test]
