@@ -59,19 +59,11 @@ pub struct Transition {
 /// it (a heartbeat that changes nothing writes nothing).
 pub fn transition(f: &Facts<'_>, now: Timestamp) -> Option<Transition> {
     let current = find(f.previous, ConditionType::Ready);
-    // NB: a member never judged that has not renewed its heartbeat yet gets no status: its first
-    // one comes with its first heartbeat (tunnel included, if it attached first), or as
-    // `HeartbeatExpired` once the grace period is over, as a Node's first status comes from its
-    // kubelet. One or two status writes per registration instead of three; at 10,000 members
-    // custom resource status writes were a fifth of the API server's CPU while members registered.
-    let awaiting = matches!(
-        f.verdict,
-        Verdict::Hold { .. }
-            | Verdict::Unknown {
-                reason: Reason::AwaitingHeartbeat,
-                ..
-            }
-    );
+    // NB: never judged, not renewed: no status until the first heartbeat (or HeartbeatExpired).
+    let awaiting = f
+        .verdict
+        .condition()
+        .is_none_or(|(_, r)| r == Reason::AwaitingHeartbeat);
     if current.is_none() && awaiting {
         return None;
     }
@@ -336,14 +328,6 @@ mod tests {
                 unknown(AwaitingHeartbeat),
                 Tunnel::Attached,
                 "0.5.0",
-                None,
-            ),
-            (
-                "even outside the skew, the first status waits for the first heartbeat",
-                vec![],
-                unknown(AwaitingHeartbeat),
-                Tunnel::Unseen,
-                "0.1.0",
                 None,
             ),
             (
