@@ -83,7 +83,7 @@ soak: tools ## Soak: a leader with N simulated members for DURATION under random
 	TETHER_BIN_DIR=$(SOAK_BIN_DIR) $(CARGO) run --locked --release -q -p tether-e2e --example soak -- \
 	  --members $(or $(N),1000) --duration $(or $(DURATION),30m) $(if $(WITHOUT),--without $(WITHOUT))
 
-bench-costs: tools ## Benchmark: API server cost of a Lease heartbeat vs the announce heartbeat vs a credential renewal
+bench-costs: tools ## Benchmark: API server cost per write kind, and the ceiling of registration throughput (writes alone)
 	$(CARGO) run --locked --release -q -p tether-e2e --example write_costs -- 20
 
 bench-leader: tools ## Benchmark: request→Approved p50/p99 and leader writes per registration (N=200)

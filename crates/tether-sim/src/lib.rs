@@ -32,7 +32,7 @@ use tower::{BoxError, ServiceBuilder};
 
 mod member;
 
-pub use member::Member;
+pub use member::{Member, healthy_status};
 
 /// What can go wrong.
 #[derive(Debug, thiserror::Error)]

@@ -18,7 +18,7 @@ use tether_agent::renewal::{renewal_delay, request_token};
 use tether_agent::report::{Report, status, summarize, write_status};
 use tether_agent::state::Stored;
 use tether_api::managedcluster::ApiServerHealth;
-use tether_api::{ManagedCluster, MemberClusterAnnounce};
+use tether_api::{ManagedCluster, ManagedClusterStatus, MemberClusterAnnounce};
 use tokio_util::sync::CancellationToken;
 
 use crate::{Error, Reach, Stats};
@@ -65,24 +65,7 @@ impl Member {
     /// Writes the ManagedCluster status of a healthy 3-node cluster, built and written by the
     /// agent's report code.
     pub async fn report(&self) -> Result<(), Error> {
-        let nodes: Vec<Node> = (0..3).map(|_| synthetic_node()).collect();
-        let (counts, capacity, allocatable) = summarize(nodes.iter());
-        let report = Report {
-            nodes: counts,
-            capacity,
-            allocatable,
-            kubernetes_version: Some("v1.34.4".into()),
-            platform: Some("linux/amd64".into()),
-            health: ApiServerHealth {
-                livez: true,
-                readyz: true,
-            },
-            // NB: the leader derives the cluster ID and set from the ManagedCluster itself.
-            properties: Vec::new(),
-        };
-        let url = format!("https://{}.sim.invalid:6443", self.name);
-        let status = status(&report, &url, &[], Some(Timestamp::now()), Timestamp::now());
-        write_status(&self.cluster, &self.name, &status)
+        write_status(&self.cluster, &self.name, &healthy_status(&self.name))
             .await
             .map(drop)
             .map_err(|source| Error::Leader {
@@ -229,6 +212,28 @@ fn rand_fraction(name: &str) -> f64 {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
     });
     (h % 10_000) as f64 / 10_000.0
+}
+
+/// The ManagedCluster status the agent of a healthy 3-node cluster `name` writes, built by the
+/// agent's report code.
+pub fn healthy_status(name: &str) -> ManagedClusterStatus {
+    let nodes: Vec<Node> = (0..3).map(|_| synthetic_node()).collect();
+    let (counts, capacity, allocatable) = summarize(nodes.iter());
+    let report = Report {
+        nodes: counts,
+        capacity,
+        allocatable,
+        kubernetes_version: Some("v1.34.4".into()),
+        platform: Some("linux/amd64".into()),
+        health: ApiServerHealth {
+            livez: true,
+            readyz: true,
+        },
+        // NB: the leader derives the cluster ID and set from the ManagedCluster itself.
+        properties: Vec::new(),
+    };
+    let url = format!("https://{name}.sim.invalid:6443");
+    status(&report, &url, &[], Some(Timestamp::now()), Timestamp::now())
 }
 
 fn synthetic_node() -> Node {

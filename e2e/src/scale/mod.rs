@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 mod phases;
+mod replay;
 mod report;
 mod setup;
 mod writes;
@@ -18,6 +19,7 @@ use phases::*;
 use setup::*;
 
 pub(crate) use phases::classify;
+pub use replay::{Ceiling, registration_ceiling};
 pub use report::capacity_table;
 pub use setup::sim_join;
 pub(crate) use setup::{set_counts, wait_for_counts};
