@@ -122,3 +122,103 @@ pub async fn register(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use http::{Method, Response};
+    use kube::client::Body;
+    use serde_json::{Value, json};
+    use tether_seal::MemberCredential;
+
+    use super::*;
+    use crate::testing;
+
+    fn answer(code: u16, body: Value) -> Response<Body> {
+        Response::builder()
+            .status(code)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(&body).unwrap_or_default()))
+            .expect("response")
+    }
+
+    fn request(status: Value) -> Value {
+        json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterRegistrationRequest",
+               "metadata": {"name": "east-x1", "namespace": "tether-system"},
+               "spec": {"clusterID": "0b1e7c4e-1111-4222-8333-444455556666", "clusterName": "east",
+                        "publicKey": "age1x"},
+               "status": status})
+    }
+
+    /// The request as the API server's watch cache sees it: not yet there (a request created a
+    /// moment ago), and as etcd has it: approved.
+    #[tokio::test]
+    async fn a_request_the_watch_cache_has_not_seen_yet_is_read_from_etcd_instead() {
+        let (identity, recipient) = tether_seal::generate_keypair();
+        let credential = MemberCredential {
+            token: "the-token".into(),
+            expiration_timestamp: "2026-12-05T23:00:00Z".into(),
+            namespace: "tether-member-east".into(),
+            service_account: "tether-agent".into(),
+            ca_cert: String::new(),
+        };
+        let sealed = tether_seal::seal(&credential, &recipient).expect("seal");
+        let (leader, seen) = testing::member(move |parts| {
+            let cached = parts.uri.query().is_some_and(|q| q.contains("resourceVersion=0"));
+            match (&parts.method, cached) {
+                (&Method::POST, _) => answer(201, request(json!({}))),
+                (&Method::GET, true) => {
+                    let (code, body) = testing::failure(404);
+                    answer(code, body)
+                }
+                (&Method::GET, false) => answer(
+                    200,
+                    request(
+                        json!({"result": "Approved", "reason": "Approved", "namespace": "tether-member-east",
+                                   "credential": {"sealed": sealed}}),
+                    ),
+                ),
+                _ => answer(405, json!({})),
+            }
+        });
+        let target = Target {
+            bootstrap: leader,
+            namespace: "tether-system",
+        };
+        let reg = Registration {
+            cluster_id: "0b1e7c4e-1111-4222-8333-444455556666",
+            cluster_name: "east",
+            labels: Default::default(),
+            identity: &identity,
+            recipient: &recipient,
+        };
+        let stored = register(&target, &reg, Duration::from_secs(5))
+            .await
+            .expect("registered through the consistent read");
+        assert_eq!(stored.credential.token, "the-token");
+        let reads: Vec<Option<String>> = seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|p| p.method == Method::GET)
+            .map(|p| p.uri.query().map(str::to_string))
+            .collect();
+        assert_eq!(
+            reads.len(),
+            2,
+            "one read from the cache, then one from etcd: {reads:?}"
+        );
+        assert!(
+            reads[0]
+                .as_deref()
+                .is_some_and(|q| q.contains("resourceVersion=0")),
+            "{reads:?}"
+        );
+        assert!(
+            !reads[1]
+                .as_deref()
+                .unwrap_or_default()
+                .contains("resourceVersion"),
+            "{reads:?}"
+        );
+    }
+}
