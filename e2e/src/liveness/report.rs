@@ -44,7 +44,7 @@ pub fn report(o: &Outcome) -> String {
         None => line("per member with its idle tunnel", held(&o.per_member)),
     }
     line(
-        "executing seats, max over the steady window",
+        "executing seats, max of 10 samples after the steady window",
         format!("{:.0}", o.seats),
     );
     line(
