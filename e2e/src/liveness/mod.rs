@@ -472,6 +472,9 @@ async fn failover(
     }
     let total: f64 = classify(&first, &last, 1.0).values().sum();
     let marked = transitions.not_ready_since(&live, killed);
+    for d in transitions.not_ready_detail(&live, killed, 10) {
+        eprintln!("   marked after the kill: {d}");
+    }
     let standby_rss = rss_mib(standby.pid(), "VmRSS");
     leader.controller = standby;
     (reattach, marked, (peak, total), standby_rss, leader)

@@ -61,6 +61,33 @@ impl Transitions {
             .count()
     }
 
+    /// The Ready changes after `since` of at most `max` of `names` seen anything but `True`
+    /// after it: `name: Status/Reason +secs, …`.
+    pub(super) fn not_ready_detail(
+        &self,
+        names: &HashSet<String>,
+        since: Instant,
+        max: usize,
+    ) -> Vec<String> {
+        let all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<String> = names
+            .iter()
+            .filter_map(|n| {
+                let after: Vec<&Change> = all.get(n)?.iter().filter(|(at, _, _)| *at >= since).collect();
+                after.iter().any(|(_, s, _)| s != "True").then(|| {
+                    let changes: Vec<String> = after
+                        .iter()
+                        .map(|(at, s, r)| format!("{s}/{r} +{:.1}s", at.duration_since(since).as_secs_f64()))
+                        .collect();
+                    format!("{n}: {}", changes.join(", "))
+                })
+            })
+            .collect();
+        out.sort();
+        out.truncate(max);
+        out
+    }
+
     /// How many members are `Ready=True` with `reason` now.
     pub(super) fn count(&self, reason: &str) -> usize {
         let all = self.0.lock().unwrap_or_else(|p| p.into_inner());
