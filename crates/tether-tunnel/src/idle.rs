@@ -110,6 +110,13 @@ impl Pinger {
 
     /// The peer pinged: fine unless it is flooding.
     fn pinged(&mut self) -> Result<(), Error> {
+        self.count()?;
+        self.heard = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Counts a byte of the peer's that asks for work: an error past the flood limit.
+    fn count(&mut self) -> Result<(), Error> {
         let now = Instant::now();
         if now >= self.window {
             self.window = now + FLOOD_WINDOW;
@@ -119,7 +126,6 @@ impl Pinger {
         if self.pinged > MAX_PINGS_PER_WINDOW {
             return Err(Error::Flood);
         }
-        self.heard = Some(now);
         Ok(())
     }
 
@@ -144,11 +150,15 @@ impl Pinger {
         Ok(true)
     }
 
-    fn answered(&mut self) {
-        if self.waiting {
-            self.waiting = false;
-            self.due = Instant::now() + self.interval;
+    /// The peer answered; an answer to no ping counts as a ping does toward the flood limit
+    /// (reads are served before the timer, so a peer streaming answers must not hold the loop).
+    fn answered(&mut self) -> Result<(), Error> {
+        if !self.waiting {
+            return self.count();
         }
+        self.waiting = false;
+        self.due = Instant::now() + self.interval;
+        Ok(())
     }
 }
 
@@ -187,21 +197,25 @@ async fn idle<T: AsyncRead + AsyncWrite>(
     tokio::pin!(asked);
     loop {
         tokio::select! {
+            // NB: what the peer sent is read before the timer is looked at: after this process
+            // ran late (its CPU elsewhere), an answer already here and a deadline already passed
+            // are both ready, and the answer must win; an unbiased select picks one at random.
+            biased;
             b = get(r) => match b? {
                 PING => {
                     pinger.pinged()?;
                     put(w, PONG, timeout).await?;
                 }
-                PONG => pinger.answered(),
+                PONG => pinger.answered()?,
                 START if start.is_none() => return Ok(()),
                 other => return Err(Error::Unexpected(other)),
             },
+            () = &mut asked => return Ok(()),
             () = tokio::time::sleep_until(pinger.due) => {
                 if pinger.fire()? {
                     put(w, PING, timeout).await?;
                 }
             }
-            () = &mut asked => return Ok(()),
         }
     }
 }
@@ -352,6 +366,52 @@ mod tests {
         assert!(t0.elapsed() <= PINGS + TIMEOUT, "{:?}", t0.elapsed());
     }
 
+    #[test]
+    fn an_answer_that_came_while_this_end_ran_late_wins_over_the_deadline_that_passed_meanwhile() {
+        // NB: a real socket and a real clock, so that the answer and the passed deadline reach
+        // the loop in the same turn of the runtime's driver, as they do after a stall. Unbiased,
+        // the loop would take the deadline in half the rounds.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let (interval, timeout) = (Duration::from_millis(50), Duration::from_millis(200));
+        for round in 0..10 {
+            let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+            // The agent answers each ping 20 ms later, and confirms the start.
+            let agent = std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let mut b = [0u8; 1];
+                while theirs.read_exact(&mut b).is_ok() {
+                    std::thread::sleep(Duration::from_millis(20));
+                    let answer = if b[0] == START { STARTED } else { PONG };
+                    if theirs.write_all(&[answer]).is_err() || answer == STARTED {
+                        break;
+                    }
+                }
+            });
+            let ended = rt.block_on(async {
+                ours.set_nonblocking(true).expect("non-blocking");
+                let io = tokio::net::UnixStream::from_std(ours).expect("socket");
+                let start = Notify::new();
+                let stall = async {
+                    // Just after the first ping, this runtime's only thread is taken until
+                    // well past the ping's deadline; the answer arrives meanwhile.
+                    tokio::time::sleep(interval + Duration::from_millis(10)).await;
+                    std::thread::sleep(timeout + Duration::from_millis(100));
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    start.notify_one();
+                };
+                let (ended, ()) = tokio::join!(lead(io, interval, timeout, &start), stall);
+                ended.map(drop)
+            });
+            agent.join().expect("agent thread");
+            if let Err(e) = ended {
+                panic!("round {round}: the leader judged an answered ping: {e}");
+            }
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_start_asked_before_the_loop_runs_is_not_lost() {
         let (leader_io, agent_io) = duplex(64);
@@ -429,6 +489,14 @@ mod tests {
         // A peer that pings faster than it should is cut off rather than answered.
         let (leader_io, mut agent_io) = duplex(64);
         agent_io.write_all(&[PING; 32]).await.expect("write");
+        let err = lead(leader_io, PINGS, TIMEOUT, &Notify::new())
+            .await
+            .expect_err("flood");
+        assert!(matches!(err, Error::Flood), "{err}");
+
+        // Nor answers to no ping.
+        let (leader_io, mut agent_io) = duplex(64);
+        agent_io.write_all(&[PONG; 32]).await.expect("write");
         let err = lead(leader_io, PINGS, TIMEOUT, &Notify::new())
             .await
             .expect_err("flood");
