@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use tether_process::{ProcessArgs, admin, leadership, logging, signals};
+use tether_process::{ProcessArgs, admin, leadership, logging, signals, stall};
 use tokio::sync::watch;
 use tracing::{error, info};
 
@@ -336,6 +336,7 @@ impl Plumbing {
         set_leader: impl Fn(bool) + Send + 'static,
     ) -> anyhow::Result<Self> {
         let shutdown = signals::shutdown_token();
+        tokio::spawn(stall::watch(shutdown.clone()));
         let leadership = leadership::elect(client, process, lease, shutdown.clone());
         let mut leader_rx = leadership.receiver();
         tokio::spawn(async move {

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod leadership;
 pub mod logging;
 pub mod signals;
+pub mod stall;
 
 use std::net::SocketAddr;
 
