@@ -1,6 +1,7 @@
 //! What every Tether controller process needs, so that the leader and the agent start, log,
 //! elect a leader, report health and stop the same way: the common flags, JSON or plain logs,
-//! an admin HTTP port (`/metrics`, `/livez`, `/readyz`), SIGTERM handling and Lease election.
+//! an admin HTTP port (`/metrics`, `/livez`, `/readyz`), SIGTERM handling, Lease election and a
+//! warning when the process itself ran late.
 
 pub mod admin;
 pub mod leadership;

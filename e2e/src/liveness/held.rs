@@ -88,3 +88,47 @@ pub(super) async fn tunnels_at(leader: &tether_testkit::Controller) -> f64 {
         _ => 0.0,
     }
 }
+
+/// When this process (the simulated fleet's runtime) ran a second or more late, and by how much.
+pub(super) struct Late {
+    seen: Arc<Mutex<Vec<(Instant, Duration)>>>,
+    stop: CancellationToken,
+}
+
+impl Late {
+    pub(super) fn watch() -> Self {
+        let (seen, stop) = (Arc::new(Mutex::new(Vec::new())), CancellationToken::new());
+        let record = seen.clone();
+        tokio::spawn(tether_process::stall::watch_with(stop.clone(), move |late| {
+            record
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((Instant::now(), late))
+        }));
+        Self { seen, stop }
+    }
+
+    /// Prints what it saw, in seconds after `since`, and stops watching.
+    pub(super) fn tell(self, since: Instant) {
+        self.stop.cancel();
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let worst = seen.iter().map(|(_, d)| *d).max().unwrap_or_default();
+        let when: Vec<String> = seen
+            .iter()
+            .take(20)
+            .map(|(at, d)| {
+                format!(
+                    "+{:.1}s by {:.1}s",
+                    at.duration_since(since).as_secs_f64(),
+                    d.as_secs_f64()
+                )
+            })
+            .collect();
+        eprintln!(
+            "   the benchmark's own runtime (the simulated fleet's) ran late {} times (worst {worst:.1?}){}{}",
+            seen.len(),
+            if when.is_empty() { "" } else { ": " },
+            when.join(", ")
+        );
+    }
+}

@@ -455,6 +455,7 @@ async fn failover(
     let first = request_counts(&leader.admin).await;
     let mut last = first.clone();
     let (mut peak, mut reattach) = (0f64, None);
+    let late = Late::watch();
     leader.controller.kill();
     let killed = Instant::now();
     while killed.elapsed() < s.failover_window {
@@ -471,10 +472,22 @@ async fn failover(
         }
     }
     let total: f64 = classify(&first, &last, 1.0).values().sum();
-    let marked = transitions.not_ready_since(&live, killed);
-    for d in transitions.not_ready_detail(&live, killed, 10) {
-        eprintln!("   marked after the kill: {d}");
+    let marked = transitions.marked_since(&live, killed);
+    for (name, changes) in marked.iter().take(10) {
+        eprintln!("   marked after the kill: {name}: {}", changes.join(", "));
     }
+    late.tell(killed);
+    if !marked.is_empty() {
+        // NB: whose silence it was: the standby's own account of those tunnels, and whether it
+        // ran late (the simulated fleet's lateness is the line above).
+        let log = standby.log();
+        for line in log.lines().filter(|l| {
+            l.contains("late:") || marked.iter().take(10).any(|(name, _)| l.contains(name.as_str()))
+        }) {
+            eprintln!("   standby: {line}");
+        }
+    }
+    let marked = marked.len();
     let standby_rss = rss_mib(standby.pid(), "VmRSS");
     leader.controller = standby;
     (reattach, marked, (peak, total), standby_rss, leader)

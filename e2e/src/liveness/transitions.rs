@@ -49,42 +49,24 @@ impl Transitions {
             .map(|(at, _, _)| *at)
     }
 
-    /// How many of `names` were seen anything but `True` after `since`.
-    pub(super) fn not_ready_since(&self, names: &HashSet<String>, since: Instant) -> usize {
+    /// Those of `names` seen anything but `True` after `since`, sorted, each with its Ready
+    /// changes after it: `Status/Reason +secs`.
+    pub(super) fn marked_since(&self, names: &HashSet<String>, since: Instant) -> Vec<(String, Vec<String>)> {
         let all = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        names
-            .iter()
-            .filter(|n| {
-                all.get(*n)
-                    .is_some_and(|l| l.iter().any(|(at, s, _)| *at >= since && s != "True"))
-            })
-            .count()
-    }
-
-    /// The Ready changes after `since` of at most `max` of `names` seen anything but `True`
-    /// after it: `name: Status/Reason +secs, …`.
-    pub(super) fn not_ready_detail(
-        &self,
-        names: &HashSet<String>,
-        since: Instant,
-        max: usize,
-    ) -> Vec<String> {
-        let all = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out: Vec<String> = names
+        let mut out: Vec<(String, Vec<String>)> = names
             .iter()
             .filter_map(|n| {
                 let after: Vec<&Change> = all.get(n)?.iter().filter(|(at, _, _)| *at >= since).collect();
                 after.iter().any(|(_, s, _)| s != "True").then(|| {
-                    let changes: Vec<String> = after
+                    let changes = after
                         .iter()
                         .map(|(at, s, r)| format!("{s}/{r} +{:.1}s", at.duration_since(since).as_secs_f64()))
                         .collect();
-                    format!("{n}: {}", changes.join(", "))
+                    (n.clone(), changes)
                 })
             })
             .collect();
         out.sort();
-        out.truncate(max);
         out
     }
 
