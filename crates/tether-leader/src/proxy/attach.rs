@@ -187,7 +187,10 @@ pub(super) fn attach(
         let inserted = tunnels.insert(m.clone(), line, key, deadline);
         info!(member = %m.name, namespace = %m.namespace, tunnels = tunnels.len(), on_demand, "Tunnel connected");
         if inserted.replaced {
-            replaced(&sh.ctx, &mc).await;
+            // NB: beside the tunnel, not before it: a slow API server must not keep the new
+            // tunnel unanswered (its agent would find it silent).
+            let ctx = sh.ctx.clone();
+            tokio::spawn(async move { replaced(&ctx, &mc).await });
         }
         let silent = tokio::select! {
             r = carry(start, carrier, &policy, &m) => r.err().is_some_and(|e| {
