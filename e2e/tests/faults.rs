@@ -1,8 +1,8 @@
 //! Faults a fleet meets, on real control planes with both controllers as real processes: the
 //! leader's API server stopped for longer than the grace period, its etcd paused and its API
-//! server restarted, an agent's local state lost, and two agent replicas handing over. Each
-//! recovery is measured and printed; no controller restarts, no member is lost and nothing
-//! registers twice.
+//! server restarted, an agent's local state lost, two agent replicas handing over, and the
+//! leader's watches expiring while it was frozen (faults/relist.rs). Each recovery is measured
+//! and printed; no controller restarts, no member is lost and nothing registers twice.
 
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,9 @@ use tether_e2e::fleet::{
 };
 use tether_e2e::sim::{HOME, ns_of};
 use tether_testkit::{BootstrapToken, CreateToken, eventually};
+
+#[path = "faults/relist.rs"]
+mod relist;
 
 /// The leader's heartbeat interval and grace period in these tests.
 const HEARTBEAT: Duration = Duration::from_secs(2);

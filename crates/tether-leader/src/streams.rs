@@ -2,12 +2,18 @@
 //! what no controller reads) and its touched objects — applied *and* deleted — are fanned out to
 //! every controller that needs them as a primary or a trigger. kube-runtime's shared streams
 //! would do the fan-out but pass on no deletions, and a deleted announce is how a member leaves.
+//!
+//! A list (the first, or again after the watch expired) is handed out only once it is complete
+//! and cached, with the objects it no longer holds as deletions: kube's controllers look each
+//! object up in the cache and silently drop a reconcile they cannot find, and the reflector
+//! caches a list only at its end. A registration request created while the request watch was
+//! down was dropped so and never decided (seen at 9,000 members; faults/relist.rs).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource};
@@ -28,7 +34,7 @@ where
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
     store: Store<K>,
-    events: futures::stream::BoxStream<'static, Option<K>>,
+    events: futures::stream::BoxStream<'static, Arc<K>>,
     tx: async_broadcast::Sender<Arc<K>>,
     rx: async_broadcast::Receiver<Arc<K>>,
 }
@@ -88,25 +94,39 @@ where
             sight(working);
         }
     };
+    let cache = store.clone();
+    // The cache as it was when the current list began.
+    let mut before: Vec<Arc<K>> = Vec::new();
     let events = reflector::reflector(writer, watcher(api, config).modify(trim))
         .backoff(Retry::default())
         .map(move |r| match r {
-            Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj) | watcher::Event::InitApply(obj)) => {
+            Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) => {
                 tell(true);
-                Some(obj)
+                vec![Arc::new(obj)]
+            }
+            Ok(watcher::Event::Init) => {
+                before = cache.state();
+                Vec::new()
+            }
+            // NB: the reflector caches a list's objects only once the list is complete: a
+            // consumer handed one now would not find it in the cache, and kube's controllers drop
+            // a reconcile whose object they cannot find. They go out with `InitDone`.
+            Ok(watcher::Event::InitApply(_)) => {
+                tell(true);
+                Vec::new()
             }
             Ok(watcher::Event::InitDone) => {
                 tell(true);
-                None
+                listed(&cache, std::mem::take(&mut before))
             }
-            Ok(watcher::Event::Init) => None,
             Err(err) => {
                 tell(false);
                 warn!(kind = %K::kind(&()), error = &err as &dyn std::error::Error,
                       "Watch failed; retrying with backoff");
-                None
+                Vec::new()
             }
         })
+        .flat_map(futures::stream::iter)
         .boxed();
     let (mut tx, rx) = async_broadcast::broadcast::<Arc<K>>(BUFFER);
     // NB: no overflow: a slow consumer holds the watch back rather than losing an object.
@@ -143,104 +163,29 @@ where
         tokio::spawn(events.for_each(move |touched| {
             let tx = tx.clone();
             async move {
-                if let Some(obj) = touched {
-                    // Fails only once every consumer is gone (shutdown).
-                    let _ = tx.broadcast_direct(Arc::new(obj)).await;
-                }
+                // Fails only once every consumer is gone (shutdown).
+                let _ = tx.broadcast_direct(touched).await;
             }
         }))
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use futures::StreamExt;
-    use k8s_openapi::api::core::v1::ConfigMap;
-    use kube::{Api, Client};
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-
-    use super::*;
-
-    /// An API server for ConfigMaps that lists `a` and `b`, then in its watch adds `c` and
-    /// deletes `a`, and keeps the watch open.
-    async fn api_server() -> Client {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let cm = |name: &str, rv: u32| {
-            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": name, "namespace": "n", "resourceVersion": rv.to_string()}})
-        };
-        let list = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMapList",
-            "metadata": {"resourceVersion": "2"}, "items": [cm("a", 1), cm("b", 2)]})
-        .to_string();
-        let events = [
-            serde_json::json!({"type": "ADDED", "object": cm("c", 3)}).to_string(),
-            serde_json::json!({"type": "DELETED", "object": cm("a", 4)}).to_string(),
-        ];
-        tokio::spawn(async move {
-            while let Ok((mut conn, _)) = listener.accept().await {
-                let (list, events) = (list.clone(), events.clone());
-                tokio::spawn(async move {
-                    let mut head = Vec::new();
-                    let mut buf = [0u8; 4096];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match conn.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    let watch = String::from_utf8_lossy(&head).contains("watch=true");
-                    let chunk = |s: &str| format!("{:x}\r\n{s}\r\n", s.len());
-                    let mut out = String::from(
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n",
-                    );
-                    if watch {
-                        for e in &events {
-                            out.push_str(&chunk(&format!("{e}\n")));
-                        }
-                    } else {
-                        out.push_str(&chunk(&list));
-                        out.push_str("0\r\n\r\n");
-                    }
-                    if conn.write_all(out.as_bytes()).await.is_ok() && watch {
-                        // NB: the watch stays open, as the API server's does.
-                        tokio::time::sleep(Duration::from_secs(3600)).await;
-                    }
-                });
-            }
-        });
-        Client::try_from(kube::Config::new(format!("http://{addr}").parse().expect("url"))).expect("client")
-    }
-
-    #[tokio::test]
-    async fn every_subscriber_sees_every_touched_object_and_the_cache_follows() {
-        let api = Api::<ConfigMap>::namespaced(api_server().await, "n");
-        let mut watch = watch(api, watcher::Config::default(), |_| {}, None);
-        let subscribers = [watch.subscribe(), watch.subscribe()];
-        let store = watch.store();
-        let running = watch.start();
-        for stream in subscribers {
-            let names: Vec<String> = tokio::time::timeout(
-                Duration::from_secs(10),
-                stream
-                    .take(4)
-                    .map(|r| r.expect("object").metadata.name.unwrap_or_default())
-                    .collect(),
-            )
-            .await
-            .expect("four objects within 10 s");
-            // The list's two, the watch's addition, then the deletion.
-            assert_eq!(names, ["a", "b", "c", "a"]);
-        }
-        let mut cached: Vec<String> = store
-            .state()
-            .iter()
-            .filter_map(|c| c.metadata.name.clone())
-            .collect();
-        cached.sort();
-        assert_eq!(cached, ["b", "c"]);
-        running.abort();
-    }
+/// What a completed list touched, once the cache holds it: every object listed (the cache
+/// now), and every object cached before the list that it no longer holds. The API server sends
+/// no deletion for an object deleted while the watch was down (it expired with `410 Gone` and
+/// was listed again): a member that left meanwhile would go unheard.
+fn listed<K>(cache: &Store<K>, before: Vec<Arc<K>>) -> Vec<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let mut touched = cache.state();
+    touched.extend(
+        before
+            .into_iter()
+            .filter(|old| cache.get(&ObjectRef::from_obj(old.as_ref())).is_none()),
+    );
+    touched
 }
+
+#[cfg(test)]
+mod tests;

@@ -100,6 +100,17 @@ impl Controller {
         self.proc.stop();
     }
 
+    /// Freezes the process (SIGSTOP): it holds its connections but reads and answers nothing
+    /// until `thaw`, as a node or process stalled for a while.
+    pub fn freeze(&self) {
+        let _ = kill(Pid::from_raw(self.proc.pid() as i32), Signal::SIGSTOP);
+    }
+
+    /// Lets a frozen process run again (SIGCONT).
+    pub fn thaw(&self) {
+        let _ = kill(Pid::from_raw(self.proc.pid() as i32), Signal::SIGCONT);
+    }
+
     /// Leaves the process running after this value is gone (a sandbox).
     pub fn detach(self) {
         std::mem::forget(self);
