@@ -224,8 +224,21 @@ pub async fn member_on(
     agent_args: &[&str],
 ) -> MemberSide {
     let mut m = bare_member_on(cluster).await;
-    let name = m.cluster.name().to_string();
     m.agent_args = agent_args.iter().map(|a| a.to_string()).collect();
+    write_membership(&m, leader, token, member_spec).await;
+    m.start_agent();
+    m
+}
+
+/// Writes the join token Secret and the Member ClusterSet (`member_spec` merged over a spec
+/// pointing at `leader`) into `m`, as `tether join` does; the agent acts on them when it runs.
+pub async fn write_membership(
+    m: &MemberSide,
+    leader: &LeaderSide,
+    token: &BootstrapToken,
+    member_spec: serde_json::Value,
+) {
+    let name = m.cluster.name().to_string();
     let admin = m.admin.clone();
     let secret = Secret {
         metadata: ObjectMeta {
@@ -250,8 +263,6 @@ pub async fn member_on(
     crate::create_raw::<ClusterSet>(&admin, Some(HOME), set)
         .await
         .expect("Member ClusterSet");
-    m.start_agent();
-    m
 }
 
 /// A member cluster with the CRDs and the agent's RBAC but no ClusterSet and no agent running yet.

@@ -361,8 +361,12 @@ const NOT_JOINED_EVERY: Duration = Duration::from_secs(600);
 /// Runs the agent until `shutdown` is cancelled.
 pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
     let api = Api::<ClusterSet>::namespaced(client.clone(), &opts.namespace);
-    let controller = Controller::new(api, watcher::Config::default());
-    let sets = controller.store();
+    // NB: not `Controller::new`: its own watch hands out a list's objects before caching them,
+    // and a set created while the watch was down would be dropped (tether_process::streams).
+    let mut watch = tether_process::streams::watch(api, watcher::Config::default(), |_| {}, None);
+    let controller = Controller::for_stream(watch.subscribe(), watch.store());
+    let sets = watch.store();
+    let watching = watch.start();
     let reporter = Reporter {
         controller: "tether-agent".into(),
         instance: opts.instance.clone(),
@@ -431,5 +435,6 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
     ctx.stop_sessions(None).await;
     lost.abort();
     ready_task.abort();
+    watching.abort();
     info!("Agent stopped");
 }

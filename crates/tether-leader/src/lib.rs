@@ -23,7 +23,6 @@ pub mod roles;
 mod run;
 pub mod skew;
 pub mod status;
-mod streams;
 pub mod write;
 
 use std::borrow::Cow;

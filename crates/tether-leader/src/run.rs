@@ -19,11 +19,11 @@ use tracing::{info, warn};
 
 use tether_process::leadership::gained;
 
-use crate::streams;
 use crate::{
     Context, Options, PROVISIONING_SLOTS, clusterset, discovery, error_policy, health, inventory, members,
     registration, slim, slim_cluster,
 };
+use tether_process::streams;
 
 /// Runs the leader's controllers until `shutdown` is cancelled.
 pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {

@@ -1,13 +1,15 @@
 //! What every Tether controller process needs, so that the leader and the agent start, log,
 //! elect a leader, report health and stop the same way: the common flags, JSON or plain logs,
-//! an admin HTTP port (`/metrics`, `/livez`, `/readyz`), SIGTERM handling, Lease election and a
-//! warning when the process itself ran late.
+//! an admin HTTP port (`/metrics`, `/livez`, `/readyz`), SIGTERM handling, Lease election, a
+//! warning when the process itself ran late, and watches whose consumers only ever see objects
+//! already cached.
 
 pub mod admin;
 pub mod leadership;
 pub mod logging;
 pub mod signals;
 pub mod stall;
+pub mod streams;
 
 use std::net::SocketAddr;
 

@@ -1,9 +1,10 @@
-//! The leader's watches expire while it cannot read them: its process frozen (SIGSTOP) across a
-//! restart of its API server, whose new watch cache no longer holds the leader's resource
-//! versions (`410 Gone`). Running again, the leader lists every kind afresh; what changed
-//! meanwhile must be acted on, though no watch event says it: each registration request created
+//! A controller's watches expire while it cannot read them: its process frozen (SIGSTOP) across
+//! a restart of its API server, whose new watch cache no longer holds the controller's resource
+//! versions (`410 Gone`). Running again, it lists every kind afresh; what changed meanwhile must
+//! be acted on, though no watch event says it. At the leader: each registration request created
 //! in the gap is decided (before the fix, one created while the request watch was down could be
 //! dropped by the controller and never decided), and a member that left in the gap is removed.
+//! At an agent: a membership written in the gap is joined.
 
 use std::future::IntoFuture;
 use std::time::{Duration, Instant};
@@ -13,9 +14,9 @@ use kube::api::Api;
 use serde_json::json;
 use tether_api::ManagedCluster;
 use tether_api::registration::RegistrationResult;
-use tether_e2e::fleet::LeaderSide;
+use tether_e2e::fleet::{self, LeaderSide, ready, wait_mc};
 use tether_e2e::sim::{self, HOME};
-use tether_testkit::eventually;
+use tether_testkit::{BootstrapToken, Controller, CreateToken, eventually};
 
 use super::timings;
 
@@ -96,17 +97,67 @@ async fn what_changed_while_the_leaders_watches_were_down_is_acted_on() {
         "after the relist: {IN_THE_GAP} requests from the gap approved {approved:?} and the member that left removed {:?} after the leader ran again",
         thawed.elapsed()
     );
-    // The path under test was taken: the request watch expired and the kind was listed again.
-    let log = leader.controller.log();
-    let expired = log
+    assert_expired(&leader.controller, "ClusterRegistrationRequest");
+    assert_eq!(leader.controller.exited(), None, "the leader kept running");
+}
+
+#[tokio::test]
+async fn a_membership_written_while_the_agents_watch_was_down_is_joined() {
+    let leader = LeaderSide::named("relist-agent-leader")
+        .policy(timings())
+        .start()
+        .await;
+    let token = BootstrapToken::random();
+    token
+        .create(&leader.admin, Some(&sim::home()), None)
+        .await
+        .expect("token");
+    let mut member = fleet::bare_member("relist-member").await;
+    member.start_agent();
+    let agent = member.agent.take().expect("agent");
+    eventually("the agent's cache synced", Duration::from_secs(30), || async {
+        if agent.log().contains("Cache synced") {
+            Ok(())
+        } else {
+            Err(agent.log_tail(5))
+        }
+    })
+    .await;
+
+    agent.freeze();
+    member.cluster.stop_api_server();
+    member
+        .cluster
+        .start_api_server()
+        .await
+        .expect("member API server restarted");
+    fleet::write_membership(&member, &leader, &token, json!({})).await;
+    agent.thaw();
+    let thawed = Instant::now();
+    wait_mc(&leader.admin, "relist-member", "Ready", |mc| {
+        ready(mc).as_deref() == Some("True")
+    })
+    .await;
+    eprintln!(
+        "after the relist: the membership written in the gap joined and Ready {:?} after the agent ran again",
+        thawed.elapsed()
+    );
+    assert_expired(&agent, "ClusterSet");
+    member.agent = Some(agent);
+}
+
+/// The path under test was taken: `controller`'s watch of `kind` expired (410) and the kind was
+/// listed again.
+fn assert_expired(controller: &Controller, kind: &str) {
+    let log = controller.log();
+    let failures = log
         .lines()
-        .filter(|l| l.contains("Watch failed") && l.contains("ClusterRegistrationRequest"))
+        .filter(|l| l.contains("Watch failed") && l.contains(kind))
         .collect::<Vec<_>>();
     assert!(
-        expired
+        failures
             .iter()
             .any(|l| l.contains("410") || l.contains("Expired") || l.contains("too old")),
-        "the leader's request watch expired (410) and was listed again; its watch failures: {expired:#?}"
+        "the {kind} watch expired (410) and was listed again; its watch failures: {failures:#?}"
     );
-    assert_eq!(leader.controller.exited(), None, "the leader kept running");
 }

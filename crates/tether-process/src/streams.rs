@@ -6,8 +6,9 @@
 //! A list (the first, or again after the watch expired) is handed out only once it is complete
 //! and cached, with the objects it no longer holds as deletions: kube's controllers look each
 //! object up in the cache and silently drop a reconcile they cannot find, and the reflector
-//! caches a list only at its end. A registration request created while the request watch was
-//! down was dropped so and never decided (seen at 9,000 members; faults/relist.rs).
+//! caches a list only at its end. A registration request created while the leader's request
+//! watch was down was dropped so and never decided (seen at 9,000 members; faults/relist.rs).
+//! The agent watches its ClusterSets the same way.
 
 use std::sync::Arc;
 use std::time::Duration;
