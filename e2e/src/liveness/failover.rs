@@ -22,6 +22,7 @@ pub(super) async fn failover(
     eprintln!("== [{n} live] failover: a standby starts, the serving replica is killed");
     let args = fleet::proxy_args(standby_at, 15, &[]);
     let standby = leader.start_replica("leader-b", &args).await;
+    behind_the_fleet(&leader.cluster, &[standby.pid()]);
     tokio::time::sleep(Duration::from_secs(5)).await;
     let first = request_counts(&leader.admin).await;
     let mut last = first.clone();
