@@ -230,8 +230,7 @@ pub async fn member_on(
     m
 }
 
-/// Writes the join token Secret and the Member ClusterSet (`member_spec` merged over a spec
-/// pointing at `leader`) into `m`, as `tether join` does; the agent acts on them when it runs.
+/// Writes the join token Secret and the Member ClusterSet into `m`, as `member` does (no agent).
 pub async fn write_membership(
     m: &MemberSide,
     leader: &LeaderSide,

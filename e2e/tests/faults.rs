@@ -36,13 +36,19 @@ fn timings() -> LeaderSpec {
     }
 }
 
-async fn fleet_of(leader: &str, members: &[&str]) -> (LeaderSide, BootstrapToken, Vec<MemberSide>) {
-    let leader = LeaderSide::named(leader).policy(timings()).start().await;
+/// A leader (these tests' timings) and a join token of its `prod` set.
+async fn leader_with_token(name: &str) -> (LeaderSide, BootstrapToken) {
+    let leader = LeaderSide::named(name).policy(timings()).start().await;
     let token = BootstrapToken::random();
     token
         .create(&leader.admin, Some(&tether_e2e::sim::home()), None)
         .await
         .expect("token");
+    (leader, token)
+}
+
+async fn fleet_of(leader: &str, members: &[&str]) -> (LeaderSide, BootstrapToken, Vec<MemberSide>) {
+    let (leader, token) = leader_with_token(leader).await;
     let joins = members
         .iter()
         .map(|name| fleet::member(name, &leader, &token, json!({})));
@@ -350,15 +356,7 @@ async fn an_agent_that_lost_its_key_and_credential_rejoins_as_the_same_cluster()
 
 #[tokio::test]
 async fn two_agent_replicas_hand_over_without_registering_twice() {
-    let leader = LeaderSide::named("replicas-leader")
-        .policy(timings())
-        .start()
-        .await;
-    let token = BootstrapToken::random();
-    token
-        .create(&leader.admin, Some(&tether_e2e::sim::home()), None)
-        .await
-        .expect("token");
+    let (leader, token) = leader_with_token("replicas-leader").await;
     let mut m = fleet::member("pair", &leader, &token, json!({})).await;
     // The member starts with one agent; replace it by two replicas that elect one.
     m.kill_agent();

@@ -16,9 +16,9 @@ use tether_api::ManagedCluster;
 use tether_api::registration::RegistrationResult;
 use tether_e2e::fleet::{self, LeaderSide, ready, wait_mc};
 use tether_e2e::sim::{self, HOME};
-use tether_testkit::{BootstrapToken, Controller, CreateToken, eventually};
+use tether_testkit::{Controller, eventually};
 
-use super::timings;
+use super::{leader_with_token, timings};
 
 /// Registration requests created while the leader's watches were down.
 const IN_THE_GAP: usize = 30;
@@ -103,15 +103,7 @@ async fn what_changed_while_the_leaders_watches_were_down_is_acted_on() {
 
 #[tokio::test]
 async fn a_membership_written_while_the_agents_watch_was_down_is_joined() {
-    let leader = LeaderSide::named("relist-agent-leader")
-        .policy(timings())
-        .start()
-        .await;
-    let token = BootstrapToken::random();
-    token
-        .create(&leader.admin, Some(&sim::home()), None)
-        .await
-        .expect("token");
+    let (leader, token) = leader_with_token("relist-agent-leader").await;
     let mut member = fleet::bare_member("relist-member").await;
     member.start_agent();
     let agent = member.agent.take().expect("agent");

@@ -101,6 +101,16 @@ async fn api_server(script: impl Fn(&str, usize) -> Answer + Send + Sync + 'stat
     Client::try_from(kube::Config::new(format!("http://{addr}").parse().expect("url"))).expect("client")
 }
 
+/// The watch under test: namespace `n`'s ConfigMaps, untrimmed, unobserved.
+fn configmaps(client: Client) -> Watch<ConfigMap> {
+    watch(
+        Api::<ConfigMap>::namespaced(client, "n"),
+        watcher::Config::default(),
+        |_| {},
+        None,
+    )
+}
+
 fn names(objects: &[ConfigMap]) -> Vec<String> {
     objects
         .iter()
@@ -119,12 +129,7 @@ async fn every_subscriber_sees_every_touched_object_and_the_cache_follows() {
         }
     })
     .await;
-    let mut watch = watch(
-        Api::<ConfigMap>::namespaced(client, "n"),
-        watcher::Config::default(),
-        |_| {},
-        None,
-    );
+    let mut watch = configmaps(client);
     let subscribers = [watch.subscribe(), watch.subscribe()];
     let store = watch.store();
     let running = watch.start();
@@ -184,12 +189,7 @@ async fn a_list_after_the_watch_expired_hands_out_its_objects_once_cached_and_it
         }
     })
     .await;
-    let mut watch = watch(
-        Api::<ConfigMap>::namespaced(client, "n"),
-        watcher::Config::default(),
-        |_| {},
-        None,
-    );
+    let mut watch = configmaps(client);
     let stream = watch.subscribe();
     let store = watch.store();
     let running = watch.start();
