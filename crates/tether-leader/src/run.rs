@@ -1,5 +1,5 @@
-//! Wiring: one watch per kind (`streams.rs`) feeding the caches and the three controllers, the
-//! discovery publisher, and the readiness signal.
+//! Wiring: one watch per kind (`tether_process::streams`) feeding the caches and the three
+//! controllers, the discovery publisher, and the readiness signal.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
