@@ -44,9 +44,15 @@ const QUIET_WITHIN: f64 = 1.5;
 /// Why an idle tunnel ended.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The peer left a ping (or the start) unanswered for this long.
-    #[error("the peer answered nothing for {0:?}")]
-    Silent(Duration),
+    /// The peer left a ping (or the start) unanswered for `after`; `heard` if any byte of its
+    /// ever arrived on this tunnel.
+    #[error("the peer answered nothing for {after:?}")]
+    Silent {
+        /// The timeout it went past.
+        after: Duration,
+        /// Whether the peer was ever heard on this tunnel.
+        heard: bool,
+    },
     /// The peer closed the connection.
     #[error("the peer closed the tunnel")]
     Closed,
@@ -64,7 +70,28 @@ pub enum Error {
 impl Error {
     /// Whether the peer went silent (rather than closing or failing): the member counts as lost.
     pub fn is_timeout(&self) -> bool {
-        matches!(self, Error::Silent(_))
+        matches!(self, Error::Silent { .. })
+    }
+
+    /// Whether the peer went silent without a byte of its ever arriving on this tunnel: the
+    /// path may never have carried it (a congested relay), rather than the peer having gone.
+    pub fn never_heard(&self) -> bool {
+        matches!(self, Error::Silent { heard: false, .. })
+    }
+
+    /// A silence counts as heard if the peer was.
+    fn heard_if(self, spoke: bool) -> Self {
+        match self {
+            Error::Silent { after, heard } => Error::Silent {
+                after,
+                heard: heard || spoke,
+            },
+            e => e,
+        }
+    }
+
+    fn silent(after: Duration) -> Self {
+        Error::Silent { after, heard: false }
     }
 }
 
@@ -86,6 +113,8 @@ struct Pinger {
     quiet: bool,
     /// When the peer pinged last.
     heard: Option<Instant>,
+    /// Whether any byte of the peer's arrived.
+    spoke: bool,
     /// When to ping, or (while `waiting`) when the ping counts as unanswered.
     due: Instant,
     waiting: bool,
@@ -101,6 +130,7 @@ impl Pinger {
             timeout,
             quiet,
             heard: None,
+            spoke: false,
             due: Instant::now() + interval,
             waiting: false,
             pinged: 0,
@@ -110,6 +140,7 @@ impl Pinger {
 
     /// The peer pinged: fine unless it is flooding.
     fn pinged(&mut self) -> Result<(), Error> {
+        self.spoke = true;
         self.count()?;
         self.heard = Some(Instant::now());
         Ok(())
@@ -134,7 +165,10 @@ impl Pinger {
     /// NB: a quiet end notices a peer gone silent within 2.5 intervals and its timeout.
     fn fire(&mut self) -> Result<bool, Error> {
         if self.waiting {
-            return Err(Error::Silent(self.timeout));
+            return Err(Error::Silent {
+                after: self.timeout,
+                heard: self.spoke,
+            });
         }
         let now = Instant::now();
         if self.quiet
@@ -153,6 +187,7 @@ impl Pinger {
     /// The peer answered; an answer to no ping counts as a ping does toward the flood limit
     /// (reads are served before the timer, so a peer streaming answers must not hold the loop).
     fn answered(&mut self) -> Result<(), Error> {
+        self.spoke = true;
         if !self.waiting {
             return self.count();
         }
@@ -170,7 +205,7 @@ async fn put<T: AsyncWrite>(w: &mut WriteHalf<T>, byte: u8, within: Duration) ->
     };
     tokio::time::timeout(within, write)
         .await
-        .map_err(|_| Error::Silent(within))?
+        .map_err(|_| Error::silent(within))?
         .map_err(Error::from)
 }
 
@@ -230,28 +265,26 @@ pub async fn lead<T: AsyncRead + AsyncWrite + Unpin>(
     start: &Notify,
 ) -> Result<T, Error> {
     let (mut r, mut w) = tokio::io::split(io);
-    idle(
-        &mut r,
-        &mut w,
-        &mut Pinger::new(interval, timeout, false),
-        Some(start),
-    )
-    .await?;
-    put(&mut w, START, timeout).await?;
+    let mut pinger = Pinger::new(interval, timeout, false);
+    let asked = async {
+        idle(&mut r, &mut w, &mut pinger, Some(start)).await?;
+        put(&mut w, START, timeout).await
+    };
+    asked.await.map_err(|e| e.heard_if(pinger.spoke))?;
     // NB: what the agent sent before it read START is still idle bytes; none is answered now,
     // since everything the agent reads after START is HTTP/2.
     let started = async {
         loop {
             match get(&mut r).await? {
                 STARTED => return Ok(()),
-                PING | PONG => {}
+                PING | PONG => pinger.spoke = true,
                 other => return Err(Error::Unexpected(other)),
             }
         }
     };
     tokio::time::timeout(timeout, started)
         .await
-        .map_err(|_| Error::Silent(timeout))??;
+        .map_err(|_| Error::silent(timeout).heard_if(pinger.spoke))??;
     Ok(r.unsplit(w))
 }
 
@@ -265,8 +298,12 @@ pub async fn follow<T: AsyncRead + AsyncWrite + Unpin>(
     timeout: Duration,
 ) -> Result<T, Error> {
     let (mut r, mut w) = tokio::io::split(io);
-    idle(&mut r, &mut w, &mut Pinger::new(interval, timeout, true), None).await?;
-    put(&mut w, STARTED, timeout).await?;
+    let mut pinger = Pinger::new(interval, timeout, true);
+    let asked = async {
+        idle(&mut r, &mut w, &mut pinger, None).await?;
+        put(&mut w, STARTED, timeout).await
+    };
+    asked.await.map_err(|e| e.heard_if(pinger.spoke))?;
     Ok(r.unsplit(w))
 }
 

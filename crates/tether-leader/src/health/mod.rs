@@ -31,7 +31,7 @@ mod verdict;
 
 pub use transition::{Facts, Notice, Transition, transition};
 use tunnels::Tunnels;
-pub use tunnels::{MASS_GRACE, TERM_GRACE, Tunnel};
+pub use tunnels::{Close, MASS_GRACE, TERM_GRACE, Tunnel};
 pub use verdict::{Signals, Timings, Verdict, judge};
 
 /// What the leader last saw of one member's heartbeat.
@@ -186,9 +186,9 @@ impl Tracker {
         lock(&self.tunnels).attached(key, now);
     }
 
-    /// `key`'s tunnel closed at `now`; `silent` if it stopped answering pings.
-    pub fn tunnel_closed(&self, key: &str, now: Instant, silent: bool) {
-        lock(&self.tunnels).closed(key, now, silent);
+    /// `key`'s tunnel closed at `now`, as `how` says.
+    pub fn tunnel_closed(&self, key: &str, now: Instant, how: Close) {
+        lock(&self.tunnels).closed(key, now, how);
     }
 
     /// `key`'s tunnel as seen this term, and until when (if at all) absence is not judged: for
@@ -322,12 +322,12 @@ mod tests {
             t.tunnel_attached(&format!("ns/m{i}"), now - TERM_GRACE);
         }
         // One close: no grace beyond the detection time.
-        t.tunnel_closed("ns/m0", now, false);
+        t.tunnel_closed("ns/m0", now, Close::Closed);
         assert_eq!(t.tunnel("ns/m0", now).1, None);
         // Closes of 2 and then more of the 39 left within the window: a mass close.
-        t.tunnel_closed("ns/m1", now + Duration::from_secs(60), false);
+        t.tunnel_closed("ns/m1", now + Duration::from_secs(60), Close::Closed);
         let later = now + Duration::from_secs(61);
-        t.tunnel_closed("ns/m2", later, false);
+        t.tunnel_closed("ns/m2", later, Close::Closed);
         let (tunnel, settle) = t.tunnel("ns/m1", later);
         assert_eq!(
             tunnel,
@@ -348,7 +348,7 @@ mod tests {
         let churn = later + Duration::from_secs(120);
         for i in 0..5 {
             t.tunnel_attached("ns/m9", churn);
-            t.tunnel_closed("ns/m9", churn + Duration::from_millis(i * 100), false);
+            t.tunnel_closed("ns/m9", churn + Duration::from_millis(i * 100), Close::Closed);
         }
         assert_eq!(t.tunnel("ns/m9", churn + Duration::from_secs(1)).1, None);
         assert_eq!(t.tunnel("ns/m3", later), (Tunnel::Attached, None));
@@ -365,12 +365,12 @@ mod tests {
         );
         // A member that attached this term and closed again gets no term grace: it had its chance.
         t.tunnel_attached("ns/b", start + Duration::from_secs(1));
-        t.tunnel_closed("ns/b", start + Duration::from_secs(2), false);
+        t.tunnel_closed("ns/b", start + Duration::from_secs(2), Close::Closed);
         assert_eq!(t.tunnel("ns/b", start + Duration::from_secs(3)).1, None);
         let after = start + TERM_GRACE + Duration::from_secs(1);
         assert_eq!(t.tunnel("ns/a", after), (Tunnel::Unseen, None));
         t.tunnel_attached("ns/a", after);
-        t.tunnel_closed("ns/a", after, false);
+        t.tunnel_closed("ns/a", after, Close::Closed);
         // The watches fail from the close on for 30 s: the close counts from their recovery.
         t.lost_sight(after);
         t.saw_event(after + Duration::from_secs(30));

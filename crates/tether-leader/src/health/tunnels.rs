@@ -38,10 +38,22 @@ pub enum Tunnel {
     },
 }
 
+/// How a tunnel ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Close {
+    /// Closed: by either end or the path between, replaced, revoked, or this replica stopping.
+    Closed,
+    /// Stopped answering pings; `heard` if any byte of its agent ever arrived on it.
+    Silent {
+        /// Whether the path ever carried the agent's bytes to this replica.
+        heard: bool,
+    },
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Seen {
     Attached,
-    Closed { at: Instant, silent: bool },
+    Closed { at: Instant, how: Close },
 }
 
 /// A burst of closes: the first and the last close counted in it.
@@ -82,11 +94,9 @@ impl Tunnels {
         }
     }
 
-    /// `key`'s tunnel closed at `now`; `silent` if it stopped answering pings.
-    pub(super) fn closed(&mut self, key: &str, now: Instant, silent: bool) {
-        let before = self
-            .seen
-            .insert(key.to_string(), Seen::Closed { at: now, silent });
+    /// `key`'s tunnel closed at `now`, as `how` says.
+    pub(super) fn closed(&mut self, key: &str, now: Instant, how: Close) {
+        let before = self.seen.insert(key.to_string(), Seen::Closed { at: now, how });
         if !matches!(before, Some(Seen::Attached)) {
             return;
         }
@@ -126,22 +136,32 @@ impl Tunnels {
     /// `key`'s tunnel, and until when (if at all) absence is not judged: for a member not
     /// attached this term yet, the end of the term's grace; for a closed tunnel, the end of the
     /// mass close it was part of (its agent already had its chance at this replica, so the
-    /// term's grace is not its).
+    /// term's grace is not its), unless its agent was never heard on it.
     pub(super) fn tunnel(&self, key: &str, now: Instant) -> (Tunnel, Option<Instant>) {
+        let term_grace = || {
+            let until = self.term.map(|term| self.settled(term + TERM_GRACE, term));
+            until.filter(|u| *u > now)
+        };
         match self.seen.get(key) {
-            None => {
-                let until = self.term.map(|term| self.settled(term + TERM_GRACE, term));
-                (Tunnel::Unseen, until.filter(|u| *u > now))
-            }
+            None => (Tunnel::Unseen, term_grace()),
             Some(Seen::Attached) => (Tunnel::Attached, None),
-            Some(Seen::Closed { at, silent }) => {
+            // NB: a tunnel that went silent without a byte of its agent ever arriving did not
+            // give its agent a chance: at a failover, the path through the leader's API server
+            // is congested by the whole fleet re-attaching, and an attach can get its answer
+            // while no ping gets through. Inside the term's grace it counts as not attached yet
+            // (its agent dials again); once the grace is over, as the silent close it was.
+            Some(Seen::Closed {
+                how: Close::Silent { heard: false },
+                ..
+            }) if let Some(until) = term_grace() => (Tunnel::Unseen, Some(until)),
+            Some(Seen::Closed { at, how }) => {
                 let until = self
                     .mass
                     .filter(|m| m.from <= *at && *at <= m.to)
                     .map(|m| self.settled(m.to + MASS_GRACE, m.from));
                 let tunnel = Tunnel::Closed {
                     ago: now.saturating_duration_since(*at),
-                    silent: *silent,
+                    silent: matches!(how, Close::Silent { .. }),
                 };
                 (tunnel, until.filter(|u| *u > now))
             }
@@ -224,7 +244,11 @@ mod tests {
         }
         // The API server in the tunnels' path restarts: every tunnel closes within 8 s.
         for i in 0..10_000u64 {
-            t.closed(&format!("ns/m{i}"), t0 + Duration::from_micros(800 * i), false);
+            t.closed(
+                &format!("ns/m{i}"),
+                t0 + Duration::from_micros(800 * i),
+                Close::Closed,
+            );
         }
         let last = t0 + Duration::from_micros(800 * 9_999);
         for key in ["ns/m0", "ns/m5000", "ns/m9999"] {
@@ -238,7 +262,45 @@ mod tests {
         assert_eq!(t.tunnel("ns/m9999", back).1, Some(back + RETURN_QUIET));
         // A lone close long after is judged on its own.
         let lone = last + S(600);
-        t.closed("ns/m1", lone, false);
+        t.closed("ns/m1", lone, Close::Closed);
         assert_eq!(t.tunnel("ns/m1", lone).1, None);
+    }
+
+    #[test]
+    fn a_tunnel_silent_before_its_agent_was_ever_heard_waits_for_the_terms_grace() {
+        let mut t = Tunnels::default();
+        let start = Instant::now();
+        t.start_term(start);
+        for i in 0..100 {
+            t.attached(&format!("ns/m{i}"), start + S(40));
+        }
+        // Attached among the first, its pings never got through the congested path: closed
+        // silent 15 s later, with the fleet still coming back.
+        t.closed("ns/m0", start + S(45), Close::Silent { heard: false });
+        // One heard before it went silent had its chance: lost at once, as before.
+        t.closed("ns/m1", start + S(45), Close::Silent { heard: true });
+        let now = start + S(46);
+        assert_eq!(t.tunnel("ns/m0", now), (Tunnel::Unseen, Some(start + S(55))));
+        let lost = Tunnel::Closed {
+            ago: S(1),
+            silent: true,
+        };
+        assert_eq!(t.tunnel("ns/m1", now), (lost, None));
+        // The grace follows the fleet coming back, for the unheard one too…
+        t.attached("ns/m100", start + S(50));
+        assert_eq!(t.tunnel("ns/m0", now).1, Some(start + S(65)));
+        // …and once it is over, the unheard one is judged as the silent close it was.
+        let after = start + S(65);
+        let judged = Tunnel::Closed {
+            ago: S(20),
+            silent: true,
+        };
+        assert_eq!(t.tunnel("ns/m0", after), (judged, None));
+        // Outside a term's grace, an unheard silence is a silence.
+        t.closed("ns/m2", after, Close::Silent { heard: false });
+        assert_eq!(t.tunnel("ns/m2", after).1, None);
+        // Re-attached, it is attached.
+        t.attached("ns/m0", after);
+        assert_eq!(t.tunnel("ns/m0", after), (Tunnel::Attached, None));
     }
 }

@@ -26,6 +26,7 @@ use super::challenge::{Purpose, Refused};
 use super::shared::{Shared, json, member_cluster, registered_key, unix_now};
 use super::tunnels::{Carrier, Line, MemberKey};
 use crate::Context;
+use crate::health::Close;
 use crate::naming::AGENT_SERVICE_ACCOUNT;
 
 /// The leader policy of member `mc`'s set (the defaults if the set is gone).
@@ -192,18 +193,18 @@ pub(super) fn attach(
             let ctx = sh.ctx.clone();
             tokio::spawn(async move { replaced(&ctx, &mc).await });
         }
-        let silent = tokio::select! {
-            r = carry(start, carrier, &policy, &m) => r.err().is_some_and(|e| {
+        let how = tokio::select! {
+            r = carry(start, carrier, &policy, &m) => r.err().map_or(Close::Closed, |e| {
                 debug!(member = %m.name, error = %e.error, "Tunnel closed with an error");
-                e.silent
+                e.how
             }),
-            _ = inserted.close.cancelled() => false,
-            _ = sh.stop.cancelled() => false,
+            _ = inserted.close.cancelled() => Close::Closed,
+            _ = sh.stop.cancelled() => Close::Closed,
         };
-        tunnels.remove(&m, inserted.id, silent);
-        if silent {
+        tunnels.remove(&m, inserted.id, how);
+        if let Close::Silent { heard } = how {
             warn!(member = %m.name, namespace = %m.namespace, timeout_seconds = policy.ping_timeout().as_secs(),
-                  "Tunnel stopped answering pings; closed");
+                  heard, "Tunnel stopped answering pings; closed");
         } else {
             info!(member = %m.name, namespace = %m.namespace, "Tunnel disconnected");
         }
@@ -233,9 +234,25 @@ enum Start {
 
 /// Why a tunnel's connection ended.
 struct Ended {
-    /// The agent stopped answering pings (rather than closing or failing).
-    silent: bool,
+    /// Closed, or the agent stopped answering pings (and whether it was ever heard).
+    how: Close,
     error: String,
+}
+
+impl From<idle::Error> for Ended {
+    fn from(e: idle::Error) -> Self {
+        let how = if e.is_timeout() {
+            Close::Silent {
+                heard: !e.never_heard(),
+            }
+        } else {
+            Close::Closed
+        };
+        Ended {
+            how,
+            error: e.to_string(),
+        }
+    }
 }
 
 /// HTTP/2, with the leader as client, on `io`. NB: the set's ping interval and timeout: a
@@ -266,13 +283,10 @@ async fn carry(start: Start, carrier: Carrier, policy: &LeaderSpec, m: &MemberKe
                 policy.ping_timeout(),
                 &carrier.start,
             );
-            let io = idle.await.map_err(|e| Ended {
-                silent: e.is_timeout(),
-                error: e.to_string(),
-            })?;
+            let io = idle.await?;
             let started = Box::pin(handshake(io.into_inner(), policy)).await;
             let (send, conn) = started.map_err(|e| Ended {
-                silent: false,
+                how: Close::Closed,
                 error: e.to_string(),
             })?;
             debug!(member = %m.name, "Tunnel started HTTP/2 for its first request");
@@ -280,8 +294,15 @@ async fn carry(start: Start, carrier: Carrier, policy: &LeaderSpec, m: &MemberKe
             Box::pin(conn)
         }
     };
+    // NB: a silent HTTP/2 tunnel counts as heard: on-demand, it started on the agent's STARTED;
+    // from the first byte (an agent from before on-demand), HTTP/2 does not tell, and such a
+    // tunnel is judged as before.
     conn.await.map_err(|e| Ended {
-        silent: e.is_timeout(),
+        how: if e.is_timeout() {
+            Close::Silent { heard: true }
+        } else {
+            Close::Closed
+        },
         error: e.to_string(),
     })
 }

@@ -462,10 +462,9 @@ async fn follow_tunnels(ctx: Arc<Context>, tunnels: Arc<Tunnels>, mut rx: mpsc::
         ctx.health.start_term(now);
         let m = &change.member;
         let key = format!("{}/{}", m.namespace, m.name);
-        if change.connected {
-            ctx.health.tunnel_attached(&key, now);
-        } else {
-            ctx.health.tunnel_closed(&key, now, change.silent);
+        match change.closed {
+            None => ctx.health.tunnel_attached(&key, now),
+            Some(how) => ctx.health.tunnel_closed(&key, now, how),
         }
         let mut member = ManagedCluster::new(
             &m.name,

@@ -14,6 +14,8 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::health::Close;
+
 /// A member: its dedicated namespace and ManagedCluster name.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub struct MemberKey {
@@ -28,10 +30,8 @@ pub struct MemberKey {
 pub struct Change {
     /// Whose.
     pub member: MemberKey,
-    /// Whether a tunnel is now connected.
-    pub connected: bool,
-    /// For a close: whether the tunnel stopped answering pings (rather than being closed).
-    pub silent: bool,
+    /// `None`: a tunnel is now connected; else how it closed.
+    pub closed: Option<Close>,
 }
 
 /// How requests reach one tunnel: its HTTP/2 sender once HTTP/2 runs on it, and the way to ask
@@ -156,11 +156,7 @@ impl Tunnels {
             old.close.cancel();
             !old.send.is_closed()
         });
-        let _ = self.changes.send(Change {
-            member,
-            connected: true,
-            silent: false,
-        });
+        let _ = self.changes.send(Change { member, closed: None });
         Inserted { id, close, replaced }
     }
 
@@ -194,14 +190,13 @@ impl Tunnels {
         e.close.cancel();
         let _ = self.changes.send(Change {
             member: member.clone(),
-            connected: false,
-            silent: false,
+            closed: Some(Close::Closed),
         });
         true
     }
 
     /// Removes `member`'s tunnel if it is still the one registered as `id`.
-    pub fn remove(&self, member: &MemberKey, id: u64, silent: bool) {
+    pub fn remove(&self, member: &MemberKey, id: u64, how: Close) {
         let removed = {
             let mut live = self.live();
             match live.get(member) {
@@ -212,8 +207,7 @@ impl Tunnels {
         if removed {
             let _ = self.changes.send(Change {
                 member: member.clone(),
-                connected: false,
-                silent,
+                closed: Some(how),
             });
         }
     }
@@ -233,8 +227,7 @@ impl Tunnels {
             e.close.cancel();
             let _ = self.changes.send(Change {
                 member,
-                connected: false,
-                silent: false,
+                closed: Some(Close::Closed),
             });
         }
     }

@@ -159,7 +159,26 @@ async fn a_silent_agent_is_given_up_after_interval_plus_timeout() {
         .await
         .expect_err("silent");
     assert!(err.is_timeout(), "{err}");
+    assert!(err.never_heard(), "not a byte came from it");
     assert_eq!(t0.elapsed(), PINGS + TIMEOUT);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_agent_heard_once_then_silent_is_silent_and_heard() {
+    for byte in [PING, PONG] {
+        let (leader_io, mut agent_io) = duplex(64);
+        let leader = tokio::spawn(async move { lead(leader_io, PINGS, TIMEOUT, &Notify::new()).await });
+        // One byte of the agent's (its ping, or an answer to the leader's first ping), then
+        // nothing: the leader still gives it up, but knows the path once carried it.
+        if byte == PONG {
+            let mut b = [0u8; 1];
+            agent_io.read_exact(&mut b).await.expect("the first ping");
+        }
+        agent_io.write_all(&[byte]).await.expect("write");
+        let err = leader.await.expect("task").expect_err("silent");
+        assert!(err.is_timeout(), "{byte:#04x}: {err}");
+        assert!(!err.never_heard(), "{byte:#04x}: it was heard");
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -195,6 +214,7 @@ async fn an_agent_that_never_confirms_the_start_is_silent() {
     });
     let err = lead(leader_io, PINGS, TIMEOUT, &start).await.expect_err("silent");
     assert!(err.is_timeout(), "{err}");
+    assert!(err.never_heard(), "{err}");
     fake.abort();
 }
 
@@ -206,7 +226,7 @@ async fn a_closed_peer_or_a_stray_byte_ends_the_tunnel_at_once() {
         .await
         .expect_err("closed");
     assert!(matches!(err, Error::Closed), "{err}");
-    assert!(!err.is_timeout());
+    assert!(!err.is_timeout() && !err.never_heard());
 
     let (leader_io, mut agent_io) = duplex(64);
     agent_io.write_all(b"G").await.expect("write");
