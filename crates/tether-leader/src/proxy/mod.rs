@@ -113,6 +113,18 @@ pub async fn run(ctx: Arc<Context>, opts: ProxyOptions, shutdown: CancellationTo
     let (tx, rx) = mpsc::unbounded_channel();
     let tunnels = Arc::new(Tunnels::new(tx));
     tokio::spawn(follow_tunnels(ctx.clone(), tunnels.clone(), rx));
+    // NB: followed from the start, on a standby too: at a failover, a replica that only began
+    // to list 10,000 agents' ServiceAccounts when it gained the lease answered every attach
+    // "not yet" for 28 s (at 9,000 members, its API server busy with the fleet's redials).
+    let identities = Arc::new(identities::Identities::default());
+    let follow = revoke::follow_identities(ctx.clone(), tunnels.clone(), identities.clone());
+    let stop_following = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = follow => {}
+            () = stop_following.cancelled() => {}
+        }
+    });
     let mut leader = ctx.leader.clone();
     let mut nonce = [0u8; 8];
     rand::RngCore::fill_bytes(&mut rand::rng(), &mut nonce);
@@ -124,7 +136,7 @@ pub async fn run(ctx: Arc<Context>, opts: ProxyOptions, shutdown: CancellationTo
             _ = shutdown.cancelled() => return,
         }
         let stop = shutdown.child_token();
-        let term = serve(&ctx, &opts, &served_by, tunnels.clone(), stop.clone());
+        let term = serve(&ctx, &opts, &served_by, &tunnels, &identities, stop.clone());
         let lost = async {
             let _ = leader.wait_for(|l| !*l).await;
         };
@@ -255,7 +267,8 @@ async fn serve(
     ctx: &Arc<Context>,
     opts: &ProxyOptions,
     served_by: &str,
-    tunnels: Arc<Tunnels>,
+    tunnels: &Arc<Tunnels>,
+    identities: &Arc<identities::Identities>,
     stop: CancellationToken,
 ) -> Result<(), ProxyError> {
     let client = &ctx.client;
@@ -334,7 +347,6 @@ async fn serve(
         trust_tx,
     );
     tokio::pin!(follow);
-    let identities = Arc::new(identities::Identities::default());
     let shared = Arc::new(shared::Shared {
         tunnels: tunnels.clone(),
         ctx: ctx.clone(),
@@ -345,8 +357,6 @@ async fn serve(
     });
     let revoked = revoke::sweep(ctx.clone(), tunnels.clone(), identities.clone());
     tokio::pin!(revoked);
-    let identities = revoke::follow_identities(ctx.clone(), tunnels.clone(), identities);
-    tokio::pin!(identities);
     let slots = Arc::new(Semaphore::new(opts.max_connections));
     let mut cap_logged: Option<tokio::time::Instant> = None;
     loop {
@@ -354,7 +364,6 @@ async fn serve(
             _ = stop.cancelled() => return Ok(()),
             _ = &mut follow => continue,
             _ = &mut revoked => continue,
-            _ = &mut identities => continue,
             _ = &mut kept => continue,
             a = listener.accept() => match a {
                 Ok(a) => a,
