@@ -21,6 +21,10 @@ fn main() -> ExitCode {
         eprintln!("error: the liveness benchmark needs its lab network namespace: {err}");
         return ExitCode::FAILURE;
     }
+    match tether_testkit::process::raise_open_files() {
+        Ok((before, after)) => eprintln!("== open files: {after} (was {before})"),
+        Err(e) => eprintln!("warning: cannot raise the limit of open files: {e}"),
+    }
     let mut sizes = Vec::new();
     let (mut probes, mut steady, mut attach_at_join, mut in_flight) = (20usize, 60u64, false, 1000usize);
     let mut args = std::env::args().skip(1);

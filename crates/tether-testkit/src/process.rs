@@ -101,6 +101,14 @@ impl Proc {
         self.child.id()
     }
 
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: Signal) -> nix::Result<()> {
+        kill(
+            Pid::from_raw(i32::try_from(self.pid()).unwrap_or(i32::MAX)),
+            signal,
+        )
+    }
+
     /// Waits for the process to exit; its exit status.
     pub fn wait(&mut self) -> Option<String> {
         self.child.wait().ok().map(|s| s.to_string())
@@ -199,4 +207,24 @@ fn start_time(pid: u32) -> Option<String> {
     // The command name (field 2) may contain spaces; fields after it are separated by spaces.
     let rest = stat.rsplit_once(')')?.1;
     rest.split_whitespace().nth(19).map(str::to_string)
+}
+
+/// Raises this process's limit of open files (soft and hard) as far as the kernel allows
+/// (`fs.nr_open`; the soft limit alone up to the hard one without root), for it and every
+/// process it starts from now on; returns the limit before and after. A cluster's kube-apiserver
+/// holds two file descriptors per member with its tunnel: 10,000 members need more than the
+/// 20,000 a sandbox may give, where a real control plane runs with about a million
+/// (containerd's and systemd's default for kube-apiserver).
+pub fn raise_open_files() -> nix::Result<(u64, u64)> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    let most = fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(hard);
+    if setrlimit(Resource::RLIMIT_NOFILE, most, most).is_ok() {
+        return Ok((soft, most));
+    }
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    Ok((soft, hard))
 }
