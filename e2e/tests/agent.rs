@@ -14,7 +14,7 @@ use tether_api::about::ClusterProperty;
 use tether_api::clusterset::LeaderSpec;
 use tether_e2e::fleet::{
     self, LeaderSide, MemberSide, add_node, audit_events, kube_system_uid, managed, nodes, policy, ready,
-    requests_for, wait_mc,
+    requests_for, wait_mc, wait_ready,
 };
 use tether_e2e::sim::{HOME, SET};
 use tether_testkit::{BootstrapToken, CreateToken, eventually};
@@ -230,10 +230,7 @@ async fn agents_join_report_restart_recover_and_leave() {
     .await;
     eprintln!("agent loss seen after {:?} (gracePeriod 6s)", stopped.elapsed());
     east.start_agent();
-    wait_mc(&leader.admin, "east", "Ready again", |mc| {
-        ready(mc).as_deref() == Some("True")
-    })
-    .await;
+    wait_ready(&leader.admin, "east").await;
     assert_eq!(
         requests_for(&leader.admin, &east_id).await,
         1,
@@ -280,10 +277,7 @@ async fn agents_join_report_restart_recover_and_leave() {
         },
     )
     .await;
-    wait_mc(&leader.admin, "west", "Ready after re-registering", |mc| {
-        ready(mc).as_deref() == Some("True")
-    })
-    .await;
+    wait_ready(&leader.admin, "west").await;
     Api::<ServiceAccount>::namespaced(leader.admin.clone(), &tether_e2e::sim::ns_of("west"))
         .get("tether-agent")
         .await

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 use tether_api::ManagedCluster;
-use tether_e2e::fleet::{self, LeaderSide, MemberSide, policy, ready, wait_mc};
+use tether_e2e::fleet::{self, LeaderSide, MemberSide, policy, ready, wait_ready};
 use tether_testkit::controller::binary;
 use tether_testkit::eventually;
 use tether_testkit::pki::Pki;
@@ -103,10 +103,7 @@ async fn members_follow_a_new_leader_url_and_stay_ready_when_the_old_address_goe
         fleet::member_with_args("west", &leader, &token, spec.clone(), &args),
     );
     for name in ["east", "west"] {
-        wait_mc(&leader.admin, name, "Ready at the old URL", |mc| {
-            ready(mc).as_deref() == Some("True")
-        })
-        .await;
+        wait_ready(&leader.admin, name).await;
     }
 
     // A URL members cannot reach (a mistyped value): they try it, then go back to the declared
@@ -279,10 +276,7 @@ async fn the_leaders_serving_ca_rotates_with_an_overlap_and_no_member_leaves_rea
     );
     let mut since = Vec::new();
     for name in ["east", "west"] {
-        let mc = wait_mc(&leader.admin, name, "Ready", |mc| {
-            ready(mc).as_deref() == Some("True")
-        })
-        .await;
+        let mc = wait_ready(&leader.admin, name).await;
         since.push(ready_since(&mc).expect("Ready since"));
     }
     trusting(&[&east, &west], &[&old_pin]).await;
@@ -332,10 +326,7 @@ async fn the_leaders_serving_ca_rotates_with_an_overlap_and_no_member_leaves_rea
     );
     let north =
         fleet::member_with_args("north", &leader, &token, json!({"caCertHash": new_pin}), &args).await;
-    wait_mc(&leader.admin, "north", "Ready with the new pin", |mc| {
-        ready(mc).as_deref() == Some("True")
-    })
-    .await;
+    wait_ready(&leader.admin, "north").await;
 
     // 3. The old CA goes.
     let new_file = dir.join("leader-ca-new.pem");

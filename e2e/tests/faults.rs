@@ -16,7 +16,7 @@ use tether_api::clusterset::LeaderSpec;
 use tether_api::conditions::{ConditionType, find};
 use tether_api::{ManagedCluster, MemberClusterAnnounce};
 use tether_e2e::fleet::{
-    self, LeaderSide, MemberSide, kube_system_uid, managed, ready, requests_for, wait_mc,
+    self, LeaderSide, MemberSide, kube_system_uid, managed, ready, requests_for, wait_ready,
 };
 use tether_e2e::sim::{HOME, ns_of};
 use tether_testkit::{BootstrapToken, CreateToken, eventually};
@@ -54,10 +54,7 @@ async fn fleet_of(leader: &str, members: &[&str]) -> (LeaderSide, BootstrapToken
         .map(|name| fleet::member(name, &leader, &token, json!({})));
     let members = futures::future::join_all(joins).await;
     for name in members_names(&members) {
-        wait_mc(&leader.admin, &name, "Ready", |mc| {
-            ready(mc).as_deref() == Some("True")
-        })
-        .await;
+        wait_ready(&leader.admin, &name).await;
     }
     (leader, token, members)
 }
@@ -214,10 +211,7 @@ async fn leader_api_server_outage_etcd_pause_and_restart_lose_nothing() {
     // The leader's controllers still act without a restart: a new member is approved and Ready.
     let joined = Instant::now();
     let late = fleet::member("late", &leader, &token, json!({})).await;
-    wait_mc(&leader.admin, "late", "Ready", |mc| {
-        ready(mc).as_deref() == Some("True")
-    })
-    .await;
+    wait_ready(&leader.admin, "late").await;
     eprintln!(
         "after the faults a new member joined and was Ready in {:?}",
         joined.elapsed()
@@ -362,10 +356,7 @@ async fn two_agent_replicas_hand_over_without_registering_twice() {
     m.kill_agent();
     let lease_seconds = 4;
     let mut a = m.start_replica("agent-a", lease_seconds);
-    wait_mc(&leader.admin, "pair", "Ready", |mc| {
-        ready(mc).as_deref() == Some("True")
-    })
-    .await;
+    wait_ready(&leader.admin, "pair").await;
     let mut b = m.start_replica("agent-b", lease_seconds);
     let leases = Api::<Lease>::namespaced(m.admin.clone(), HOME);
     let holder = || async {

@@ -21,7 +21,7 @@ use tether_api::clusterset::LeaderSpec;
 use tether_api::registration::{RegistrationReason, RegistrationResult};
 use tether_api::{ClusterRegistrationRequest, ClusterSet};
 use tether_e2e::fleet::{
-    self, LeaderSide, credential_expiry, duration, kube_system_uid, managed, ready, wait_mc,
+    self, LeaderSide, credential_expiry, duration, kube_system_uid, managed, ready, wait_ready,
 };
 use tether_e2e::sim::{HOME, SET, ns_of};
 use tether_testkit::controller::binary;
@@ -104,10 +104,7 @@ async fn outage() {
         fleet::member("gone", &leader, &token, json!({})),
     );
     for name in ["east", "west", "gone"] {
-        wait_mc(&leader.admin, name, "Ready", |mc| {
-            ready(mc).as_deref() == Some("True")
-        })
-        .await;
+        wait_ready(&leader.admin, name).await;
     }
     let mut before = Vec::new();
     for (name, m) in [("east", &east), ("west", &west)] {

@@ -17,7 +17,7 @@ use serde_json::json;
 use tether_api::clusterset::LeaderSpec;
 use tether_e2e::fleet::{
     self, LeaderSide, credential_expiry, duration, kube_system_uid, managed, policy, ready, requests_for,
-    wait_mc,
+    wait_ready,
 };
 use tether_e2e::sim::{HOME, SET, ns_of};
 use tether_testkit::{BootstrapToken, Controller, CreateToken, eventually};
@@ -67,10 +67,7 @@ async fn credentials_renew_before_expiry_and_agents_offline_past_it_come_back() 
         fleet::member("late", &leader, &short, json!({})),
     );
     for name in ["steady", "sleeper", "late"] {
-        wait_mc(&leader.admin, name, "Ready", |mc| {
-            ready(mc).as_deref() == Some("True")
-        })
-        .await;
+        wait_ready(&leader.admin, name).await;
     }
     let sleeper_uid = managed(&leader.admin, "sleeper")
         .await
@@ -152,10 +149,7 @@ async fn credentials_renew_before_expiry_and_agents_offline_past_it_come_back() 
     );
 
     // The sleeper registered again by itself, as the same member.
-    wait_mc(&leader.admin, "sleeper", "Ready again", |mc| {
-        ready(mc).as_deref() == Some("True")
-    })
-    .await;
+    wait_ready(&leader.admin, "sleeper").await;
     eventually(
         "the sleeper's own status Ready",
         Duration::from_secs(60),

@@ -103,31 +103,32 @@ where
         .map(move |r| match r {
             Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) => {
                 tell(true);
-                vec![Arc::new(obj)]
+                (Some(Arc::new(obj)), Vec::new())
             }
             Ok(watcher::Event::Init) => {
                 before = cache.state();
-                Vec::new()
+                (None, Vec::new())
             }
             // NB: the reflector caches a list's objects only once the list is complete: a
             // consumer handed one now would not find it in the cache, and kube's controllers drop
             // a reconcile whose object they cannot find. They go out with `InitDone`.
             Ok(watcher::Event::InitApply(_)) => {
                 tell(true);
-                Vec::new()
+                (None, Vec::new())
             }
             Ok(watcher::Event::InitDone) => {
                 tell(true);
-                listed(&cache, std::mem::take(&mut before))
+                (None, listed(&cache, std::mem::take(&mut before)))
             }
             Err(err) => {
                 tell(false);
                 warn!(kind = %K::kind(&()), error = &err as &dyn std::error::Error,
                       "Watch failed; retrying with backoff");
-                Vec::new()
+                (None, Vec::new())
             }
         })
-        .flat_map(futures::stream::iter)
+        // NB: one object, or a list's (a watch event allocates no `Vec`).
+        .flat_map(|(one, listed)| futures::stream::iter(one.into_iter().chain(listed)))
         .boxed();
     let (mut tx, rx) = async_broadcast::broadcast::<Arc<K>>(BUFFER);
     // NB: no overflow: a slow consumer holds the watch back rather than losing an object.

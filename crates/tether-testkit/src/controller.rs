@@ -8,8 +8,7 @@ use std::process::Command;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::process::Proc;
@@ -90,7 +89,7 @@ impl Controller {
     /// Sends SIGTERM and waits for the process to exit, as a pod deletion does.
     pub fn terminate(&mut self) -> Option<String> {
         if self.proc.exited().is_none() {
-            let _ = kill(Pid::from_raw(self.proc.pid() as i32), Signal::SIGTERM);
+            let _ = self.proc.signal(Signal::SIGTERM);
         }
         self.proc.wait()
     }
@@ -103,12 +102,12 @@ impl Controller {
     /// Freezes the process (SIGSTOP): it holds its connections but reads and answers nothing
     /// until `thaw`, as a node or process stalled for a while.
     pub fn freeze(&self) {
-        let _ = kill(Pid::from_raw(self.proc.pid() as i32), Signal::SIGSTOP);
+        let _ = self.proc.signal(Signal::SIGSTOP);
     }
 
     /// Lets a frozen process run again (SIGCONT).
     pub fn thaw(&self) {
-        let _ = kill(Pid::from_raw(self.proc.pid() as i32), Signal::SIGCONT);
+        let _ = self.proc.signal(Signal::SIGCONT);
     }
 
     /// Leaves the process running after this value is gone (a sandbox).

@@ -19,10 +19,7 @@ async fn leave_and_destroy_force_work_when_the_other_side_is_gone() {
         fleet::member("west", &leader, &token, serde_json::json!({})),
     );
     for name in ["east", "west"] {
-        fleet::wait_mc(&leader.admin, name, "Ready", |mc| {
-            fleet::ready(mc).as_deref() == Some("True")
-        })
-        .await;
+        fleet::wait_ready(&leader.admin, name).await;
     }
     let (lk, wk) = (
         leader.cluster.kubeconfig().to_path_buf(),
@@ -108,10 +105,7 @@ async fn member_remove_ban_list_and_unban() {
     let ready = |leader: &fleet::LeaderSide| {
         let admin = leader.admin.clone();
         async move {
-            fleet::wait_mc(&admin, "east", "Ready", |mc| {
-                fleet::ready(mc).as_deref() == Some("True")
-            })
-            .await;
+            fleet::wait_ready(&admin, "east").await;
             fleet::managed(&admin, "east").await.expect("east")
         }
     };

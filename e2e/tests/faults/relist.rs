@@ -14,7 +14,7 @@ use kube::api::Api;
 use serde_json::json;
 use tether_api::ManagedCluster;
 use tether_api::registration::RegistrationResult;
-use tether_e2e::fleet::{self, LeaderSide, ready, wait_mc};
+use tether_e2e::fleet::{self, LeaderSide, wait_ready};
 use tether_e2e::sim::{self, HOME};
 use tether_testkit::{Controller, eventually};
 
@@ -126,10 +126,7 @@ async fn a_membership_written_while_the_agents_watch_was_down_is_joined() {
     fleet::write_membership(&member, &leader, &token, json!({})).await;
     agent.thaw();
     let thawed = Instant::now();
-    wait_mc(&leader.admin, "relist-member", "Ready", |mc| {
-        ready(mc).as_deref() == Some("True")
-    })
-    .await;
+    wait_ready(&leader.admin, "relist-member").await;
     eprintln!(
         "after the relist: the membership written in the gap joined and Ready {:?} after the agent ran again",
         thawed.elapsed()

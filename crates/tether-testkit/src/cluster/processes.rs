@@ -2,6 +2,7 @@
 //! changing what the API server serves with, and their logs.
 
 use super::*;
+use nix::sys::signal::Signal;
 
 impl TestCluster {
     /// Makes every client this cluster hands out (admin, users, token kubeconfigs written from
@@ -67,21 +68,21 @@ impl TestCluster {
     /// Freezes etcd (SIGSTOP): the API server stays up but every read and write hangs until
     /// `resume_etcd`.
     pub fn pause_etcd(&self) -> Result<(), Error> {
-        self.signal_etcd(nix::sys::signal::Signal::SIGSTOP)
+        self.signal_etcd(Signal::SIGSTOP)
     }
 
     /// Lets a paused etcd run again (SIGCONT).
     pub fn resume_etcd(&self) -> Result<(), Error> {
-        self.signal_etcd(nix::sys::signal::Signal::SIGCONT)
+        self.signal_etcd(Signal::SIGCONT)
     }
 
-    fn signal_etcd(&self, signal: nix::sys::signal::Signal) -> Result<(), Error> {
-        let pid = self.pid("etcd").ok_or_else(|| Error::NotReady {
+    fn signal_etcd(&self, signal: Signal) -> Result<(), Error> {
+        let etcd = self.procs.iter().find(|p| p.name() == "etcd");
+        let etcd = etcd.ok_or_else(|| Error::NotReady {
             name: self.name.clone(),
             what: "etcd is not running".into(),
         })?;
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX));
-        nix::sys::signal::kill(pid, signal).map_err(|e| Error::NotReady {
+        etcd.signal(signal).map_err(|e| Error::NotReady {
             name: self.name.clone(),
             what: format!("cannot send {signal} to etcd: {e}"),
         })
