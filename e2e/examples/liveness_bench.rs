@@ -21,10 +21,16 @@ fn main() -> ExitCode {
         eprintln!("error: the liveness benchmark needs its lab network namespace: {err}");
         return ExitCode::FAILURE;
     }
-    match tether_testkit::process::raise_open_files() {
-        Ok((before, after)) => eprintln!("== open files: {after} (was {before})"),
-        Err(e) => eprintln!("warning: cannot raise the limit of open files: {e}"),
-    }
+    let open_files = match tether_testkit::process::raise_open_files() {
+        Ok((before, after)) => {
+            eprintln!("== open files: {after} (was {before})");
+            after
+        }
+        Err(e) => {
+            eprintln!("warning: cannot raise the limit of open files: {e}");
+            0
+        }
+    };
     let mut sizes = Vec::new();
     let (mut probes, mut steady, mut attach_at_join, mut in_flight) = (20usize, 60u64, false, 1000usize);
     let mut args = std::env::args().skip(1);
@@ -47,6 +53,17 @@ fn main() -> ExitCode {
     }
     if sizes.is_empty() {
         sizes = vec![1000, 5000, 10_000];
+    }
+    // NB: kube-apiserver holds two descriptors per member with its tunnel, and more while a
+    // failover's tunnels come back; short of them it fails new connections ("too many open
+    // files") and the members whose tunnels it cannot carry get marked.
+    let most = sizes.iter().max().copied().unwrap_or(0) as u64;
+    if open_files > 0 && open_files < most * 2 + 4000 {
+        eprintln!(
+            "warning: {open_files} open files are too few for kube-apiserver with {most} members \
+             and their tunnels (about {}); its failover figures will show it",
+            most * 2 + 4000
+        );
     }
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
