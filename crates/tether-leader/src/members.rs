@@ -90,8 +90,6 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
         .as_ref()
         .and_then(|s| s.spec.leader.clone())
         .unwrap_or_default();
-    ctx.health.start_term(now);
-    let (tunnel, settle) = ctx.health.tunnel(&key, now);
     let previous = mc
         .status
         .as_ref()
@@ -100,7 +98,12 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
     let tunnel_now = tether_api::conditions::find(previous, ConditionType::TunnelConnected);
     // NB: a new term's grace is for members whose tunnel was attached (to the replica before):
     // they are re-attaching. One without a tunnel is judged by its heartbeat at once.
-    let had_tunnel = tunnel_now.is_some_and(|c| c.status == Status::True.as_str());
+    let up_since = tunnel_now
+        .filter(|c| c.status == Status::True.as_str())
+        .map(|c| c.last_transition_time.0);
+    let had_tunnel = up_since.is_some();
+    ctx.health.start_term(now, Timestamp::now());
+    let (tunnel, settle) = ctx.health.tunnel(&key, now, up_since);
     let signals = Signals {
         heartbeat: obs,
         tunnel,

@@ -172,8 +172,8 @@ impl Tracker {
     /// This replica leads at `now`: if that began a term, absence is not judged for
     /// `TERM_GRACE` from now (longer while tunnels come back; `tunnels.rs`). Idempotent within
     /// a term.
-    pub fn start_term(&self, now: Instant) {
-        lock(&self.tunnels).start_term(now);
+    pub fn start_term(&self, now: Instant, wall_now: Timestamp) {
+        lock(&self.tunnels).start_term(now, wall_now);
     }
 
     /// This replica lost leadership: what it saw of tunnels no longer counts.
@@ -192,10 +192,11 @@ impl Tracker {
     }
 
     /// `key`'s tunnel as seen this term, and until when (if at all) absence is not judged: for
-    /// a member not attached this term yet, the end of the term's grace; for a closed tunnel,
-    /// the end of the mass close it was part of.
-    pub fn tunnel(&self, key: &str, now: Instant) -> (Tunnel, Option<Instant>) {
-        lock(&self.tunnels).tunnel(key, now)
+    /// a member not attached this term yet, or whose tunnel was up since before the term
+    /// (`up_since`, by its TunnelConnected condition), the end of the term's grace; for a
+    /// closed tunnel, the end of the mass close it was part of.
+    pub fn tunnel(&self, key: &str, now: Instant, up_since: Option<Timestamp>) -> (Tunnel, Option<Instant>) {
+        lock(&self.tunnels).tunnel(key, now, up_since)
     }
 
     /// Forgets a member that left.
@@ -317,18 +318,18 @@ mod tests {
     fn one_close_is_judged_after_the_detection_time_but_many_together_get_the_mass_grace() {
         let t = Tracker::default();
         let now = Instant::now();
-        t.start_term(now - TERM_GRACE - Duration::from_secs(1));
+        t.start_term(now - TERM_GRACE - Duration::from_secs(1), Timestamp::now());
         for i in 0..40 {
             t.tunnel_attached(&format!("ns/m{i}"), now - TERM_GRACE);
         }
         // One close: no grace beyond the detection time.
         t.tunnel_closed("ns/m0", now, Close::Closed);
-        assert_eq!(t.tunnel("ns/m0", now).1, None);
+        assert_eq!(t.tunnel("ns/m0", now, None).1, None);
         // Closes of 2 and then more of the 39 left within the window: a mass close.
         t.tunnel_closed("ns/m1", now + Duration::from_secs(60), Close::Closed);
         let later = now + Duration::from_secs(61);
         t.tunnel_closed("ns/m2", later, Close::Closed);
-        let (tunnel, settle) = t.tunnel("ns/m1", later);
+        let (tunnel, settle) = t.tunnel("ns/m1", later, None);
         assert_eq!(
             tunnel,
             Tunnel::Closed {
@@ -341,40 +342,41 @@ mod tests {
             Some(later + MASS_GRACE),
             "the first close of the burst too"
         );
-        assert_eq!(t.tunnel("ns/m2", later).1, Some(later + MASS_GRACE));
+        assert_eq!(t.tunnel("ns/m2", later, None).1, Some(later + MASS_GRACE));
         // The lone close a minute before is not part of it.
-        assert_eq!(t.tunnel("ns/m0", later).1, None);
+        assert_eq!(t.tunnel("ns/m0", later, None).1, None);
         // One member closing its own tunnel again and again is no mass close.
         let churn = later + Duration::from_secs(120);
         for i in 0..5 {
             t.tunnel_attached("ns/m9", churn);
             t.tunnel_closed("ns/m9", churn + Duration::from_millis(i * 100), Close::Closed);
         }
-        assert_eq!(t.tunnel("ns/m9", churn + Duration::from_secs(1)).1, None);
-        assert_eq!(t.tunnel("ns/m3", later), (Tunnel::Attached, None));
+        assert_eq!(t.tunnel("ns/m9", churn + Duration::from_secs(1), None).1, None);
+        assert_eq!(t.tunnel("ns/m3", later, None), (Tunnel::Attached, None));
     }
 
     #[test]
     fn a_new_term_settles_and_blind_time_does_not_count_against_a_closed_tunnel() {
         let t = Tracker::default();
         let start = Instant::now();
-        t.start_term(start);
+        t.start_term(start, Timestamp::now());
         assert_eq!(
-            t.tunnel("ns/a", start + Duration::from_secs(1)),
+            t.tunnel("ns/a", start + Duration::from_secs(1), None),
             (Tunnel::Unseen, Some(start + TERM_GRACE))
         );
-        // A member that attached this term and closed again gets no term grace: it had its chance.
+        // A member that attached this term (first up this term, by its condition) and closed
+        // again gets no term grace: it had its chance.
         t.tunnel_attached("ns/b", start + Duration::from_secs(1));
         t.tunnel_closed("ns/b", start + Duration::from_secs(2), Close::Closed);
-        assert_eq!(t.tunnel("ns/b", start + Duration::from_secs(3)).1, None);
+        assert_eq!(t.tunnel("ns/b", start + Duration::from_secs(3), None).1, None);
         let after = start + TERM_GRACE + Duration::from_secs(1);
-        assert_eq!(t.tunnel("ns/a", after), (Tunnel::Unseen, None));
+        assert_eq!(t.tunnel("ns/a", after, None), (Tunnel::Unseen, None));
         t.tunnel_attached("ns/a", after);
         t.tunnel_closed("ns/a", after, Close::Closed);
         // The watches fail from the close on for 30 s: the close counts from their recovery.
         t.lost_sight(after);
         t.saw_event(after + Duration::from_secs(30));
-        let (tunnel, _) = t.tunnel("ns/a", after + Duration::from_secs(32));
+        let (tunnel, _) = t.tunnel("ns/a", after + Duration::from_secs(32), None);
         assert_eq!(
             tunnel,
             Tunnel::Closed {
@@ -383,6 +385,6 @@ mod tests {
             }
         );
         t.end_term();
-        assert_eq!(t.tunnel("ns/a", after), (Tunnel::Unseen, None));
+        assert_eq!(t.tunnel("ns/a", after, None), (Tunnel::Unseen, None));
     }
 }

@@ -7,6 +7,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::jiff::Timestamp;
+
 /// How long after gaining leadership absence (of a tunnel, of a recent renewal) is not judged.
 pub const TERM_GRACE: Duration = Duration::from_secs(45);
 /// How long tunnels that closed together get to attach again.
@@ -75,14 +77,16 @@ pub(super) struct Tunnels {
     mass: Option<Mass>,
     /// When a tunnel last attached that was not attached before (first this term, or again).
     returned: Option<Instant>,
-    /// When this replica's leadership term began.
-    term: Option<Instant>,
+    /// When this replica's leadership term began, and on the wall clock (whole seconds, as
+    /// conditions keep it).
+    term: Option<(Instant, Timestamp)>,
 }
 
 impl Tunnels {
-    /// This replica leads at `now` (idempotent within a term).
-    pub(super) fn start_term(&mut self, now: Instant) {
-        self.term.get_or_insert(now);
+    /// This replica leads at `now`, `wall` on the wall clock (idempotent within a term).
+    pub(super) fn start_term(&mut self, now: Instant, wall: Timestamp) {
+        let second = Timestamp::from_second(wall.as_second()).unwrap_or(wall);
+        self.term.get_or_insert((now, second));
     }
 
     /// `key`'s tunnel attached at `now`.
@@ -136,24 +140,39 @@ impl Tunnels {
     /// `key`'s tunnel, and until when (if at all) absence is not judged: for a member not
     /// attached this term yet, the end of the term's grace; for a closed tunnel, the end of the
     /// mass close it was part of (its agent already had its chance at this replica, so the
-    /// term's grace is not its), unless its agent was never heard on it.
-    pub(super) fn tunnel(&self, key: &str, now: Instant) -> (Tunnel, Option<Instant>) {
+    /// term's grace is not its), unless it is still re-attaching after a take-over. `up_since`
+    /// is since when the member's tunnel has been up by its TunnelConnected condition, if it is.
+    pub(super) fn tunnel(
+        &self,
+        key: &str,
+        now: Instant,
+        up_since: Option<Timestamp>,
+    ) -> (Tunnel, Option<Instant>) {
         let term_grace = || {
-            let until = self.term.map(|term| self.settled(term + TERM_GRACE, term));
-            until.filter(|u| *u > now)
+            let (term, _) = self.term?;
+            Some(self.settled(term + TERM_GRACE, term)).filter(|u| *u > now)
         };
+        // NB: the previous replica saw this member's tunnel up; this one took over.
+        let up_before_term = self
+            .term
+            .zip(up_since)
+            .is_some_and(|((_, began), since)| since < began);
         match self.seen.get(key) {
             None => (Tunnel::Unseen, term_grace()),
             Some(Seen::Attached) => (Tunnel::Attached, None),
-            // NB: a tunnel that went silent without a byte of its agent ever arriving did not
-            // give its agent a chance: at a failover, the path through the leader's API server
-            // is congested by the whole fleet re-attaching, and an attach can get its answer
-            // while no ping gets through. Inside the term's grace it counts as not attached yet
-            // (its agent dials again); once the grace is over, as the silent close it was.
-            Some(Seen::Closed {
-                how: Close::Silent { heard: false },
-                ..
-            }) if let Some(until) = term_grace() => (Tunnel::Unseen, Some(until)),
+            // NB: a take-over's tunnels do not have their fair chance until the fleet is back:
+            // the path through the leader's API server is congested by the whole fleet
+            // re-attaching, and the new replica is short of CPU, so a tunnel can attach and
+            // close again (an attach answered while no ping gets through, a handshake timed
+            // out) with an agent that lives. Inside the term's grace such a close counts as not
+            // attached yet (the agent dials again); once the grace is over, as the close it was.
+            // The same holds for a tunnel silent before its agent was ever heard, whoever it is.
+            Some(Seen::Closed { how, .. })
+                if (up_before_term || matches!(how, Close::Silent { heard: false }))
+                    && let Some(until) = term_grace() =>
+            {
+                (Tunnel::Unseen, Some(until))
+            }
             Some(Seen::Closed { at, how }) => {
                 let until = self
                     .mass
@@ -205,40 +224,48 @@ mod tests {
 
     const S: fn(u64) -> Duration = Duration::from_secs;
 
+    /// A term's start on the wall clock.
+    fn wall() -> Timestamp {
+        Timestamp::from_second(1_800_000_000).expect("timestamp")
+    }
+
     #[test]
     fn a_new_term_settles_while_the_fleet_comes_back_and_no_longer() {
         let mut t = Tunnels::default();
         let start = Instant::now();
-        t.start_term(start);
+        t.start_term(start, wall());
         // Nobody back yet: the fixed grace.
         assert_eq!(
-            t.tunnel("ns/late", start + S(1)),
+            t.tunnel("ns/late", start + S(1), None),
             (Tunnel::Unseen, Some(start + TERM_GRACE))
         );
         // The fleet comes back slowly, one every 10 s: the grace follows it…
         for i in 1..=10 {
             t.attached(&format!("ns/m{i}"), start + S(10 * i));
         }
-        assert_eq!(t.tunnel("ns/late", start + S(101)).1, Some(start + S(115)));
+        assert_eq!(t.tunnel("ns/late", start + S(101), None).1, Some(start + S(115)));
         // …for at most SETTLE_MAX.
         for i in 11..=30 {
             t.attached(&format!("ns/m{i}"), start + S(10 * i));
         }
-        assert_eq!(t.tunnel("ns/late", start + S(170)).1, Some(start + SETTLE_MAX));
-        assert_eq!(t.tunnel("ns/late", start + SETTLE_MAX).1, None);
+        assert_eq!(
+            t.tunnel("ns/late", start + S(170), None).1,
+            Some(start + SETTLE_MAX)
+        );
+        assert_eq!(t.tunnel("ns/late", start + SETTLE_MAX, None).1, None);
         // Once returns stop, RETURN_QUIET later absence is judged.
         let mut t = Tunnels::default();
-        t.start_term(start);
+        t.start_term(start, wall());
         t.attached("ns/m1", start + S(40));
-        assert_eq!(t.tunnel("ns/late", start + S(54)).1, Some(start + S(55)));
-        assert_eq!(t.tunnel("ns/late", start + S(56)).1, None);
+        assert_eq!(t.tunnel("ns/late", start + S(54), None).1, Some(start + S(55)));
+        assert_eq!(t.tunnel("ns/late", start + S(56), None).1, None);
     }
 
     #[test]
     fn a_burst_of_thousands_of_closes_is_one_mass_close_with_one_grace() {
         let mut t = Tunnels::default();
         let t0 = Instant::now();
-        t.start_term(t0 - S(600));
+        t.start_term(t0 - S(600), wall());
         for i in 0..10_000 {
             t.attached(&format!("ns/m{i}"), t0 - S(600));
         }
@@ -252,25 +279,25 @@ mod tests {
         }
         let last = t0 + Duration::from_micros(800 * 9_999);
         for key in ["ns/m0", "ns/m5000", "ns/m9999"] {
-            assert_eq!(t.tunnel(key, last).1, Some(last + MASS_GRACE), "{key}");
+            assert_eq!(t.tunnel(key, last, None).1, Some(last + MASS_GRACE), "{key}");
         }
         // The first come back 30 s later and keep coming: the grace follows them.
         for i in 0..5_000u64 {
             t.attached(&format!("ns/m{i}"), last + S(30) + Duration::from_millis(10 * i));
         }
         let back = last + S(30) + Duration::from_millis(10 * 4_999);
-        assert_eq!(t.tunnel("ns/m9999", back).1, Some(back + RETURN_QUIET));
+        assert_eq!(t.tunnel("ns/m9999", back, None).1, Some(back + RETURN_QUIET));
         // A lone close long after is judged on its own.
         let lone = last + S(600);
         t.closed("ns/m1", lone, Close::Closed);
-        assert_eq!(t.tunnel("ns/m1", lone).1, None);
+        assert_eq!(t.tunnel("ns/m1", lone, None).1, None);
     }
 
     #[test]
     fn a_tunnel_silent_before_its_agent_was_ever_heard_waits_for_the_terms_grace() {
         let mut t = Tunnels::default();
         let start = Instant::now();
-        t.start_term(start);
+        t.start_term(start, wall());
         for i in 0..100 {
             t.attached(&format!("ns/m{i}"), start + S(40));
         }
@@ -280,27 +307,75 @@ mod tests {
         // One heard before it went silent had its chance: lost at once, as before.
         t.closed("ns/m1", start + S(45), Close::Silent { heard: true });
         let now = start + S(46);
-        assert_eq!(t.tunnel("ns/m0", now), (Tunnel::Unseen, Some(start + S(55))));
+        assert_eq!(
+            t.tunnel("ns/m0", now, None),
+            (Tunnel::Unseen, Some(start + S(55)))
+        );
         let lost = Tunnel::Closed {
             ago: S(1),
             silent: true,
         };
-        assert_eq!(t.tunnel("ns/m1", now), (lost, None));
+        assert_eq!(t.tunnel("ns/m1", now, None), (lost, None));
         // The grace follows the fleet coming back, for the unheard one too…
         t.attached("ns/m100", start + S(50));
-        assert_eq!(t.tunnel("ns/m0", now).1, Some(start + S(65)));
+        assert_eq!(t.tunnel("ns/m0", now, None).1, Some(start + S(65)));
         // …and once it is over, the unheard one is judged as the silent close it was.
         let after = start + S(65);
         let judged = Tunnel::Closed {
             ago: S(20),
             silent: true,
         };
-        assert_eq!(t.tunnel("ns/m0", after), (judged, None));
+        assert_eq!(t.tunnel("ns/m0", after, None), (judged, None));
         // Outside a term's grace, an unheard silence is a silence.
         t.closed("ns/m2", after, Close::Silent { heard: false });
-        assert_eq!(t.tunnel("ns/m2", after).1, None);
+        assert_eq!(t.tunnel("ns/m2", after, None).1, None);
         // Re-attached, it is attached.
         t.attached("ns/m0", after);
-        assert_eq!(t.tunnel("ns/m0", after), (Tunnel::Attached, None));
+        assert_eq!(t.tunnel("ns/m0", after, None), (Tunnel::Attached, None));
+    }
+
+    #[test]
+    fn after_a_take_over_a_tunnel_that_was_up_before_keeps_the_terms_grace_through_its_closes() {
+        let mut t = Tunnels::default();
+        let start = Instant::now();
+        // The term began at wall() + 0.6 s: conditions keep whole seconds.
+        let began = wall() + k8s_openapi::jiff::SignedDuration::from_millis(600);
+        t.start_term(start, began);
+        let before = Some(wall() - k8s_openapi::jiff::SignedDuration::from_secs(3_600));
+        let this_term = Some(wall());
+        for i in 0..100 {
+            t.attached(&format!("ns/m{i}"), start + S(20));
+        }
+        // Up at the replica before: re-attached, then closed (by its agent, or silent after it
+        // was heard) while the fleet comes back. It waits for the term's grace…
+        t.closed("ns/m0", start + S(30), Close::Closed);
+        t.closed("ns/m1", start + S(30), Close::Silent { heard: true });
+        let now = start + S(31);
+        for key in ["ns/m0", "ns/m1"] {
+            assert_eq!(
+                t.tunnel(key, now, before),
+                (Tunnel::Unseen, Some(start + TERM_GRACE)),
+                "{key}"
+            );
+        }
+        // …as it would, had it not re-attached yet; a member first up this term does not (its
+        // condition went True at the term's start second, which counts as this term).
+        let lost = Tunnel::Closed {
+            ago: S(1),
+            silent: false,
+        };
+        assert_eq!(t.tunnel("ns/m0", now, this_term), (lost, None));
+        assert_eq!(t.tunnel("ns/m0", now, None), (lost, None));
+        // Once the grace is over, the close is judged as the close it was.
+        let after = start + TERM_GRACE;
+        let judged = Tunnel::Closed {
+            ago: TERM_GRACE - S(30),
+            silent: false,
+        };
+        assert_eq!(t.tunnel("ns/m0", after, before), (judged, None));
+        // Outside a term, nothing is held.
+        let mut t = Tunnels::default();
+        t.closed("ns/m0", start, Close::Closed);
+        assert_eq!(t.tunnel("ns/m0", start, before).1, None);
     }
 }

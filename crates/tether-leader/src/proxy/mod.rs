@@ -468,7 +468,7 @@ async fn follow_tunnels(ctx: Arc<Context>, tunnels: Arc<Tunnels>, mut rx: mpsc::
             continue;
         }
         let now = std::time::Instant::now();
-        ctx.health.start_term(now);
+        ctx.health.start_term(now, k8s_openapi::jiff::Timestamp::now());
         let m = &change.member;
         let key = format!("{}/{}", m.namespace, m.name);
         match change.closed {
