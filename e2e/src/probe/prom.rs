@@ -19,6 +19,20 @@ pub(crate) async fn request_counts(admin: &Client) -> BTreeMap<String, f64> {
     parse_request_counts(&text)
 }
 
+/// `request_counts`, or `None` if the API server does not answer within `within` (a busy one
+/// must not stall a timeline that reads it every second).
+pub(crate) async fn request_counts_within(
+    admin: &Client,
+    within: std::time::Duration,
+) -> Option<BTreeMap<String, f64>> {
+    let req = http::Request::get("/metrics").body(vec![]).expect("request");
+    let text = tokio::time::timeout(within, admin.request_text(req))
+        .await
+        .ok()?
+        .ok()?;
+    Some(parse_request_counts(&text))
+}
+
 /// `apiserver_request_total` of every verb, by `VERB resource[/subresource]`, with requests
 /// answered 429 (priority and fairness turned them away) counted apart.
 pub(crate) async fn request_mix(admin: &Client) -> BTreeMap<String, f64> {
