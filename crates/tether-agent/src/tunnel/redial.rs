@@ -3,9 +3,13 @@
 //! - A tunnel that closed after it was healthy (a leader replica handing over, its API server
 //!   restarting) is redialled at a random point of `SPREAD`, so that a fleet whose tunnels
 //!   closed together spreads its attaches out. For `RECOVERY` after that, a dial the leader does
-//!   not answer is tried again after `FLOOR` plus a random point of `SPREAD`: the wait does not
-//!   grow, so every agent is back within about `FLOOR + SPREAD` of a new replica serving, and
-//!   one agent dials at most once per `FLOOR` (a fleet of N about N / 7 per second).
+//!   not answer is tried again after `FLOOR` plus a random point of a spread that starts at
+//!   `SPREAD` and doubles with each failed dial up to `RECOVERY_SPREAD`: every agent is back
+//!   within about `FLOOR + RECOVERY_SPREAD` of a new replica serving, and a fleet of N that
+//!   keeps failing dials about N / 12 per second, not N / 7 (at a failover the new replica
+//!   pays a TLS handshake for every dial, and a fleet that outruns it keeps it saturated:
+//!   8,000 agents at N / 7 held it past the API server's 5 s availability check, and nothing
+//!   attached for 20 s).
 //! - Otherwise failures back off exponentially with jitter, from `BACKOFF.0` up to `BACKOFF.1`
 //!   while the leader cannot be reached, and up to `REFUSED_BACKOFF` once it refused the tunnel
 //!   (no proxy API there, or no right to attach): a fleet of such members must not hammer it.
@@ -20,6 +24,8 @@ const REFUSED_BACKOFF: Duration = Duration::from_secs(300);
 const HEALTHY: Duration = Duration::from_secs(30);
 /// The random part of every wait while recovering (and all of the first one).
 const SPREAD: Duration = Duration::from_secs(10);
+/// The largest random part of a wait after failed dials while recovering.
+const RECOVERY_SPREAD: Duration = Duration::from_secs(20);
 /// The fixed part of a wait after a failed dial while recovering.
 const FLOOR: Duration = Duration::from_secs(2);
 /// How long after a healthy tunnel closed failed dials are retried at the recovery pace.
@@ -41,6 +47,8 @@ pub(super) enum Ended {
 pub(super) struct Redial {
     backoff: Duration,
     recovering_until: Option<Instant>,
+    /// The random part of the next wait while recovering.
+    spread: Duration,
 }
 
 impl Default for Redial {
@@ -48,6 +56,7 @@ impl Default for Redial {
         Self {
             backoff: BACKOFF.0,
             recovering_until: None,
+            spread: SPREAD,
         }
     }
 }
@@ -59,6 +68,7 @@ impl Redial {
             Ended::Closed { lived } if lived >= HEALTHY => {
                 self.backoff = BACKOFF.0;
                 self.recovering_until = Some(now + RECOVERY);
+                self.spread = SPREAD;
                 return SPREAD.mul_f64(r);
             }
             Ended::Closed { .. } | Ended::Unreachable => BACKOFF.1,
@@ -68,11 +78,15 @@ impl Redial {
             }
         };
         match self.recovering_until {
-            Some(until) if now < until => return FLOOR + SPREAD.mul_f64(r),
+            Some(until) if now < until => {
+                let wait = FLOOR + self.spread.mul_f64(r);
+                self.spread = (self.spread * 2).min(RECOVERY_SPREAD);
+                return wait;
+            }
             // NB: the recovery is over: go on from its pace, not from the first backoff.
             Some(_) => {
                 self.recovering_until = None;
-                self.backoff = self.backoff.max(FLOOR + SPREAD);
+                self.backoff = self.backoff.max(FLOOR + self.spread);
             }
             None => {}
         }
@@ -89,25 +103,29 @@ mod tests {
     const S: fn(u64) -> Duration = Duration::from_secs;
 
     #[test]
-    fn a_failover_is_redialled_at_a_steady_jittered_pace_then_backs_off_as_before() {
+    fn a_failover_is_redialled_at_a_jittered_pace_that_slows_while_dials_fail_then_backs_off_as_before() {
         let mut d = Redial::default();
         let t0 = Instant::now();
         // A healthy tunnel closes: first dial within the spread.
         assert_eq!(d.after(Ended::Closed { lived: S(3600) }, t0, 0.0), S(0));
         assert_eq!(d.after(Ended::Closed { lived: S(3600) }, t0, 0.5), S(5));
-        // Failed dials during the recovery: 2–12 s each, however many.
-        for i in 0..20 {
+        // Failed dials during the recovery: 2–12 s, then 2–22 s each, however many.
+        let most = |d: &mut Redial, i: u64| d.after(Ended::Unreachable, t0 + S(i * 5), 0.999).as_secs();
+        assert_eq!([most(&mut d, 0), most(&mut d, 1), most(&mut d, 2)], [11, 21, 21]);
+        for i in 3..20 {
             let w = d.after(
                 Ended::Unreachable,
                 t0 + S(i * 5),
                 if i % 2 == 0 { 0.0 } else { 0.999 },
             );
-            assert!(w >= FLOOR && w < FLOOR + SPREAD, "{w:?}");
+            assert!(w >= FLOOR && w < FLOOR + RECOVERY_SPREAD, "{w:?}");
         }
+        // A tunnel that lived again starts the next recovery at the first pace.
+        d.after(Ended::Closed { lived: S(600) }, t0 + S(100), 0.0);
+        assert_eq!(d.after(Ended::Unreachable, t0 + S(101), 0.999).as_secs(), 11);
         // After it, the backoff goes on from the recovery's pace up to its limit.
-        let after = t0 + RECOVERY + S(1);
-        assert_eq!(d.after(Ended::Unreachable, after, 0.999).as_secs(), 11);
-        assert_eq!(d.after(Ended::Unreachable, after, 0.999).as_secs(), 23);
+        let after = t0 + S(100) + RECOVERY + S(1);
+        assert_eq!(d.after(Ended::Unreachable, after, 0.999).as_secs(), 21);
         assert_eq!(d.after(Ended::Unreachable, after, 0.999).as_secs(), 29);
         assert_eq!(d.after(Ended::Unreachable, after, 0.999).as_secs(), 29);
     }
