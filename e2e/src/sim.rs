@@ -37,18 +37,25 @@ pub async fn leader_cluster(name: &str, policy: &LeaderSpec) -> (TestCluster, Cl
 
 /// Installs Tether's leader side in `cluster` (as `leader_cluster` does); returns an admin client.
 pub async fn install_leader(cluster: &TestCluster, policy: &LeaderSpec) -> Client {
-    let admin = cluster.client().expect("admin");
-    install_tether_crds(&admin).await.expect("crds");
-    apply_rbac_file(&admin, "leader.yaml").await.expect("leader RBAC");
-    crate::apply_config_file(&admin, crate::LEADER_POLICY)
-        .await
-        .expect("leader admission policy");
+    let admin = install_leader_base(cluster).await;
     let set = json!({"apiVersion": "multicluster.tether.dev/v1alpha1", "kind": "ClusterSet",
                      "metadata": {"name": SET}, "spec": {"role": "Leader", "leader": policy}});
     create_raw::<ClusterSet>(&admin, Some(HOME), set)
         .await
         .expect("ClusterSet");
     crate::join_role(&admin, &home()).await.expect("join RBAC");
+    admin
+}
+
+/// Tether's CRDs, the leader's RBAC and its admission policy, as the leader chart installs
+/// them; an admin client of `cluster`.
+pub async fn install_leader_base(cluster: &TestCluster) -> Client {
+    let admin = cluster.client().expect("admin");
+    install_tether_crds(&admin).await.expect("crds");
+    apply_rbac_file(&admin, "leader.yaml").await.expect("leader RBAC");
+    crate::apply_config_file(&admin, crate::LEADER_POLICY)
+        .await
+        .expect("leader admission policy");
     admin
 }
 

@@ -155,15 +155,7 @@ async fn leader_process(
     crate::init_logs();
     let admin = match policy {
         Some(policy) => install_leader(&cluster, policy).await,
-        None => {
-            let admin = cluster.client().expect("admin");
-            install_tether_crds(&admin).await.expect("crds");
-            apply_rbac_file(&admin, "leader.yaml").await.expect("leader RBAC");
-            crate::apply_config_file(&admin, crate::LEADER_POLICY)
-                .await
-                .expect("leader admission policy");
-            admin
-        }
+        None => crate::sim::install_leader_base(&cluster).await,
     };
     if proxy {
         crate::apply_config_file(&admin, "proxy/leader-proxy.yaml")
