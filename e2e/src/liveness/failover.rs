@@ -46,19 +46,20 @@ pub(super) async fn failover(
             peak = peak.max(rate);
             (last, last_at) = (now, Instant::now());
         }
-        let attached = tokio::time::timeout(READ_WITHIN, tunnels_at(&standby)).await;
-        let attached = attached.unwrap_or(f64::NAN);
+        // NB: None when the standby's /metrics did not answer in time (never "all attached").
+        let attached = tokio::time::timeout(READ_WITHIN, tunnels_at(&standby)).await.ok();
         tick += 1;
         // NB: the timeline of the take-over, every 5 s: where the time to re-attach goes.
         if tick.is_multiple_of(5) {
             let available = tokio::time::timeout(READ_WITHIN, api_service_available(&leader.admin)).await;
             eprintln!(
-                "   +{:>5.1?}: {attached} tunnels at the standby, APIService available: {}, {rate:.0} writes/s",
+                "   +{:>5.1?}: {} tunnels at the standby, APIService available: {}, {rate:.0} writes/s",
                 killed.elapsed(),
+                attached.map_or("no answer".into(), |a| a.to_string()),
                 available.unwrap_or_else(|_| "no answer".into()),
             );
         }
-        if reattach.is_none() && attached >= n as f64 {
+        if reattach.is_none() && attached.is_some_and(|a| a >= n as f64) {
             reattach = Some(killed.elapsed());
             eprintln!(
                 "   every tunnel attached to the standby after {:.1?}",
