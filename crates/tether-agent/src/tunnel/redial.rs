@@ -6,10 +6,10 @@
 //!   not answer is tried again after `FLOOR` plus a random point of a spread that starts at
 //!   `SPREAD` and doubles with each failed dial up to `RECOVERY_SPREAD`: every agent is back
 //!   within about `FLOOR + RECOVERY_SPREAD` of a new replica serving, and a fleet of N that
-//!   keeps failing dials about N / 12 per second, not N / 7 (at a failover the new replica
-//!   pays a TLS handshake for every dial, and a fleet that outruns it keeps it saturated:
-//!   8,000 agents at N / 7 held it past the API server's 5 s availability check, and nothing
-//!   attached for 20 s).
+//!   keeps failing dials about N / 12 per second, not N / 7 (at a failover every attach costs
+//!   the leader's API server two TLS handshakes, and nothing there holds a surge back: `attach`
+//!   is long-running to priority and fairness; a fleet that outruns it saturates it, and when
+//!   its 5 s availability check of the proxy API fails in the surge nothing attaches for ~20 s).
 //! - Otherwise failures back off exponentially with jitter, from `BACKOFF.0` up to `BACKOFF.1`
 //!   while the leader cannot be reached, and up to `REFUSED_BACKOFF` once it refused the tunnel
 //!   (no proxy API there, or no right to attach): a fleet of such members must not hammer it.
