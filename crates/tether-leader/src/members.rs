@@ -72,7 +72,7 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
 
     // NB: heartbeats may have gone unseen while a heartbeat watch failed; judge nobody until
     // it works again (at most `health::QUIET` after its last error).
-    let (now, wall) = (Instant::now(), Timestamp::now());
+    let now = Instant::now();
     if ctx.health.is_blind(now) {
         return Ok(Action::requeue(BLIND_RECHECK));
     }
@@ -82,7 +82,7 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
         announce.spec.renew_time.as_ref(),
         lease.as_ref().and_then(|l| l.spec.as_ref()?.renew_time.as_ref()),
     );
-    let obs = ctx.health.observe(&key, renewed, now, wall);
+    let obs = ctx.health.observe(&key, renewed, now, Timestamp::now());
     if let Some(interval) = obs.interval {
         ctx.metrics.heartbeat(interval);
     }
@@ -102,7 +102,7 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
         .filter(|c| c.status == Status::True.as_str())
         .map(|c| c.last_transition_time.0);
     let had_tunnel = up_since.is_some();
-    ctx.health.start_term(now, wall);
+    ctx.health.start_term(now, Timestamp::now());
     let (tunnel, settle) = ctx.health.tunnel(&key, now, up_since);
     let signals = Signals {
         heartbeat: obs,
@@ -149,7 +149,7 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
         agent_version,
         leader_version: crate::skew::LEADER_VERSION,
     };
-    if let Some(change) = transition(&facts, wall) {
+    if let Some(change) = transition(&facts, Timestamp::now()) {
         // NB: the last heartbeat rides along with every Ready change (and the agent's periodic
         // report), so LAST HEARTBEAT is true at each transition without a write per heartbeat.
         let patch = ManagedClusterStatus {
