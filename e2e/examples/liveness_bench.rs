@@ -4,11 +4,12 @@
 //! says what is measured); `docs/benchmarks.md` keeps the recorded numbers.
 //!
 //! `cargo run --release -p tether-e2e --example liveness_bench -- [N…] [--probes K]
-//!  [--steady SECONDS] [--attach-at-join] [--in-flight K]` (default N: 1000 5000 10000; probes:
+//!  [--steady SECONDS] [--attach-at-join] [--in-flight K] [--attach-rate R]` (default N: 1000 5000 10000; probes:
 //! 20 killed and 20 frozen agents; steady: 60; registrations in flight: 1000). By default every
 //! tunnel attaches once all members are in, to measure what a member and what a tunnel cost
 //! apart; `--attach-at-join` dials each as soon as its member is in, as agents do, to measure
-//! registration as a fleet sees it. Needs root (its lab network namespace).
+//! registration as a fleet sees it. `--attach-rate` sets the leader's
+//! `--proxy-attach-rate` (attaches per second; 0: unpaced). Needs root (its lab network namespace).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -33,6 +34,7 @@ fn main() -> ExitCode {
     };
     let mut sizes = Vec::new();
     let (mut probes, mut steady, mut attach_at_join, mut in_flight) = (20usize, 60u64, false, 1000usize);
+    let mut attach_rate = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = |flag: &str| {
@@ -45,6 +47,13 @@ fn main() -> ExitCode {
             "--probes" => probes = value("--probes") as usize,
             "--in-flight" => in_flight = value("--in-flight").max(1) as usize,
             "--steady" => steady = value("--steady"),
+            "--attach-rate" => {
+                attach_rate = Some(
+                    args.next()
+                        .and_then(|v| v.parse::<f64>().ok())
+                        .unwrap_or_else(|| panic!("--attach-rate needs a number")),
+                );
+            }
             n => sizes.push(
                 n.parse::<usize>()
                     .unwrap_or_else(|_| panic!("not a member count: {n}")),
@@ -83,6 +92,7 @@ fn main() -> ExitCode {
             steady: Duration::from_secs(steady),
             failover_window: Duration::from_secs(120),
             attach_at_join,
+            attach_rate: [attach_rate; 2],
         };
         let outcome = rt.block_on(run(&settings));
         println!("{}", report(&outcome));

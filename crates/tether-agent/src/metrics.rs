@@ -94,7 +94,7 @@ impl Default for Metrics {
         );
         registry.register(
             "tunnel_attaches",
-            "Tunnel attaches and key proofs, by result (attached, proven, refused, unreachable, \
+            "Tunnel attaches and key proofs, by result (attached, proven, paced, refused, unreachable, \
              bad_challenge)",
             m.attaches.clone(),
         );

@@ -34,6 +34,7 @@ fn classify(d: Dial) -> Error {
     match d {
         Dial::Unreachable(cause) => Error::RejoinUnreachable(cause),
         Dial::Refused(why) => Error::RejoinRefused(why),
+        turn @ Dial::Turn(_) => Error::RejoinUnreachable(turn.to_string().into()),
     }
 }
 

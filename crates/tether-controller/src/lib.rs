@@ -110,6 +110,12 @@ pub struct LeaderArgs {
     /// past it new connections are closed at once and counted.
     #[arg(long, env = "TETHER_PROXY_MAX_CONNECTIONS", default_value_t = 20_000)]
     pub proxy_max_connections: usize,
+    /// Most attach challenges a second the serving replica gives agents without a live tunnel
+    /// (0: unpaced). When a whole fleet re-attaches at once (a failover), each agent past it is
+    /// answered 503 with its turn in Retry-After, so the leader's API server, which pays two TLS
+    /// handshakes per tunnel and does not pace them itself, is not saturated.
+    #[arg(long, env = "TETHER_PROXY_ATTACH_RATE", default_value = "250", value_parser = attach_rate)]
+    pub proxy_attach_rate: f64,
     /// How long a registration request the policy denied is kept, counted from its creation,
     /// before the leader deletes it (retrying agents must not pile requests up); an admin's
     /// denial is kept until someone deletes it.
@@ -136,6 +142,16 @@ fn cert_validity(text: &str) -> Result<std::time::Duration, String> {
         ));
     }
     Ok(d)
+}
+
+/// `--proxy-attach-rate`: attaches per second, 0 for unpaced.
+fn attach_rate(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(r) if r.is_finite() && r >= 0.0 => Ok(r),
+        _ => Err(format!(
+            "{text:?} is not a rate: give attaches per second, e.g. 250 (0 turns pacing off)"
+        )),
+    }
 }
 
 /// Parses flags and runs; the exit code says whether it stopped cleanly.
@@ -211,6 +227,7 @@ async fn run_leader(args: LeaderArgs) -> anyhow::Result<()> {
             secret: args.proxy_secret.clone(),
             cert_validity: args.proxy_cert_validity,
             max_connections: args.proxy_max_connections,
+            attach_rate: args.proxy_attach_rate,
         }),
     };
     let metrics = if args.member_metrics {
@@ -404,6 +421,12 @@ mod tests {
         let err =
             Cli::try_parse_from(["tether-controller", "leader", "--proxy-cert-validity", "30s"]).unwrap_err();
         assert!(err.to_string().contains("at least 1m"), "{err}");
+        assert_eq!(args.proxy_attach_rate, 250.0, "250 attaches a second by default");
+        for bad in ["-1", "NaN", "inf", "fast"] {
+            let flag = format!("--proxy-attach-rate={bad}");
+            let err = Cli::try_parse_from(["tether-controller", "leader", &flag]).unwrap_err();
+            assert!(err.to_string().contains("not a rate"), "{bad}: {err}");
+        }
         assert!(Cli::try_parse_from(["tether-controller", "leader", "--admin-addr", "nope"]).is_err());
         assert!(Cli::try_parse_from(["tether-controller", "leader", "--lease-duration", "1"]).is_err());
         assert!(Cli::try_parse_from(["tether-controller"]).is_err());

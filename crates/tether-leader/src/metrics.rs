@@ -123,7 +123,7 @@ impl Default for Metrics {
         registry.register(
             "proxy_requests",
             "Requests to the member proxy API, by result (ok, upgraded, no_tunnel, tunnel_error, unauthenticated, \
-             attach_forbidden, attach_unproven, attach_renewed, rejoin_challenge, rejoined, rejoin_refused, rejoin_error)",
+             attach_forbidden, attach_unproven, attach_renewed, attach_paced, rejoin_challenge, rejoined, rejoin_refused, rejoin_error)",
             proxied.clone(),
         );
         registry.register(

@@ -7,6 +7,24 @@ use crate::probe::prom::request_counts_within;
 /// How long one read of the timeline waits for an answer.
 const READ_WITHIN: Duration = Duration::from_secs(2);
 
+/// What a failover showed.
+pub(super) struct Seen {
+    /// Kill → every live tunnel attached to the standby.
+    pub reattach: Option<Duration>,
+    /// Kill → the first tunnel seen at the standby (read once a second).
+    pub first: Option<Duration>,
+    /// Live members marked anything but Ready=True.
+    pub marked: usize,
+    /// Peak writes in one second, and all writes.
+    pub writes: (f64, f64),
+    /// The standby's RSS once every tunnel attached, MiB.
+    pub standby_rss: f64,
+    /// Attach challenges the standby answered with a turn (`tether_leader::proxy::pace`).
+    pub paced: f64,
+    /// The leader side, the standby now its serving replica.
+    pub leader: LeaderSide,
+}
+
 /// Starts a standby replica, kills the serving one, and watches `s.failover_window`: time until
 /// every live tunnel is attached to the standby, live members marked anything but Ready, the
 /// peak and total writes.
@@ -16,7 +34,7 @@ pub(super) async fn failover(
     standby_at: std::net::SocketAddr,
     transitions: &Transitions,
     running: &[Running],
-) -> (Option<Duration>, usize, (f64, f64), f64, LeaderSide) {
+) -> Seen {
     let live: HashSet<String> = running
         .iter()
         .filter(|r| r.tunnel.is_some())
@@ -24,13 +42,18 @@ pub(super) async fn failover(
         .collect();
     let n = live.len();
     eprintln!("== [{n} live] failover: a standby starts, the serving replica is killed");
-    let args = fleet::proxy_args(standby_at, 15, &[]);
+    let rate = rate_args(s.attach_rate[1]);
+    let args = fleet::proxy_args(
+        standby_at,
+        15,
+        &rate.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
     let standby = leader.start_replica("leader-b", &args).await;
     behind_the_fleet(&leader.cluster, &[standby.pid()]);
     tokio::time::sleep(Duration::from_secs(5)).await;
     let first = request_counts(&leader.admin).await;
     let (mut last, mut last_at) = (first.clone(), Instant::now());
-    let (mut peak, mut reattach) = (0f64, None);
+    let (mut peak, mut reattach, mut first_seen) = (0f64, None, None);
     let late = Late::watch();
     leader.controller.kill();
     let killed = Instant::now();
@@ -58,6 +81,9 @@ pub(super) async fn failover(
                 attached.map_or("no answer".into(), |a| a.to_string()),
                 available.unwrap_or_else(|_| "no answer".into()),
             );
+        }
+        if first_seen.is_none() && attached.is_some_and(|a| a >= 1.0) {
+            first_seen = Some(killed.elapsed());
         }
         if reattach.is_none() && attached.is_some_and(|a| a >= n as f64) {
             reattach = Some(killed.elapsed());
@@ -96,10 +122,32 @@ pub(super) async fn failover(
             eprintln!("   standby: {line}");
         }
     }
-    let marked = marked.len();
+    let paced = match standby.admin_get("/metrics").await {
+        Ok((200, text)) => metric(&text, PACED).unwrap_or(0.0),
+        _ => 0.0,
+    };
+    eprintln!("   the standby gave {paced:.0} turns to attach");
     let standby_rss = rss_mib(standby.pid(), "VmRSS");
     leader.controller = standby;
-    (reattach, marked, (peak, total), standby_rss, leader)
+    Seen {
+        reattach,
+        first: first_seen,
+        marked: marked.len(),
+        writes: (peak, total),
+        standby_rss,
+        paced,
+        leader,
+    }
+}
+
+/// The standby's count of attach challenges answered with a turn.
+const PACED: &str = "tether_leader_proxy_requests_total{result=\"attach_paced\"}";
+
+/// The leader flag that sets attach pace `rate` (none: the leader's default).
+pub(super) fn rate_args(rate: Option<f64>) -> Vec<String> {
+    rate.map(|r| format!("--proxy-attach-rate={r}"))
+        .into_iter()
+        .collect()
 }
 
 /// The member-access APIService's `Available` condition: its status and reason.

@@ -88,6 +88,9 @@ pub struct Settings {
     /// every member is in: registration as a fleet sees it, but no split of what a member and
     /// what its tunnel cost.
     pub attach_at_join: bool,
+    /// `--proxy-attach-rate` of the first leader replica and of the standby that takes over,
+    /// attaches per second (`None`: the leader's default).
+    pub attach_rate: [Option<f64>; 2],
 }
 
 /// One run's figures.
@@ -132,10 +135,14 @@ pub struct Outcome {
     pub detection: (Duration, Duration),
     /// Failover: kill → every live tunnel attached to the standby.
     pub reattach: Option<Duration>,
+    /// Failover: kill → the first tunnel at the standby.
+    pub first_reattach: Option<Duration>,
     /// Live members marked anything but Ready=True during the failover window.
     pub marked_unknown: usize,
     /// Peak writes in one second, and all writes, during the failover window.
     pub failover_writes: (f64, f64),
+    /// Attach challenges the standby answered with a turn in the failover.
+    pub paced: f64,
     /// The standby's RSS once every tunnel attached to it, MiB.
     pub standby_rss: f64,
 }
@@ -181,6 +188,12 @@ pub async fn run(s: &Settings) -> Outcome {
     let leader = LeaderSide::on(cluster)
         .policy(policy)
         .proxy(addr(port_a), 15)
+        .args(
+            &failover::rate_args(s.attach_rate[0])
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        )
         .start()
         .await;
     behind_the_fleet(&leader.cluster, &[leader.controller.pid()]);
@@ -324,8 +337,7 @@ pub async fn run(s: &Settings) -> Outcome {
     );
 
     let detection = detect(s, &transitions, &mut running).await;
-    let (reattach, marked_unknown, failover_writes, standby_rss, leader) =
-        failover(s, leader, addr(port_b), &transitions, &running).await;
+    let seen = failover(s, leader, addr(port_b), &transitions, &running).await;
     for r in &running {
         r.heartbeat.cancel();
         if let Some(t) = &r.tunnel {
@@ -333,7 +345,7 @@ pub async fn run(s: &Settings) -> Outcome {
         }
     }
     watch.abort();
-    drop(leader);
+    drop(seen.leader);
     Outcome {
         members: n,
         api_limit,
@@ -355,10 +367,12 @@ pub async fn run(s: &Settings) -> Outcome {
         killed: detection.0,
         frozen: detection.1,
         detection: detection.2,
-        reattach,
-        marked_unknown,
-        failover_writes,
-        standby_rss,
+        reattach: seen.reattach,
+        first_reattach: seen.first,
+        marked_unknown: seen.marked,
+        failover_writes: seen.writes,
+        paced: seen.paced,
+        standby_rss: seen.standby_rss,
     }
 }
 

@@ -123,7 +123,17 @@ pub fn report(o: &Outcome) -> String {
     );
     line(
         "failover: every tunnel attached again",
-        o.reattach.map_or("not within the window".into(), ms),
+        match (o.reattach, o.first_reattach) {
+            (None, _) => "not within the window".into(),
+            (Some(all), Some(first)) => {
+                format!("{} ({} after the first)", ms(all), ms(all.saturating_sub(first)))
+            }
+            (Some(all), None) => ms(all),
+        },
+    );
+    line(
+        "failover: attaches told to wait for a turn",
+        format!("{:.0}", o.paced),
     );
     line(
         "failover: live members marked Unknown",

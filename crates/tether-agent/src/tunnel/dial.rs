@@ -2,7 +2,9 @@
 //! the leader's API server that carries the proof; proving the key again over a renewed
 //! credential; and why a dial failed (unreachable, to retry at the normal pace, or refused).
 
-use http::header::{CONNECTION, UPGRADE};
+use std::time::Duration;
+
+use http::header::{CONNECTION, RETRY_AFTER, UPGRADE};
 use http::{Request, Response, StatusCode};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use kube::Client;
@@ -15,6 +17,9 @@ use crate::Metrics;
 use tracing::{info, warn};
 
 use super::{Attach, MAX_CHALLENGE};
+
+/// The longest turn the agent waits for, whatever the leader says.
+const MOST_TURN: Duration = Duration::from_secs(300);
 
 /// Attaches member `at`'s tunnel once and hands back the upgraded connection without serving
 /// anything on it: a tunnel that answers nothing, not even pings (the benchmark's frozen agent).
@@ -43,6 +48,10 @@ pub(crate) enum Dial {
     /// An answer other than the one asked for.
     #[error("{0}")]
     Refused(String),
+    /// The leader paced the attach: this member's turn is this far away (`503` with
+    /// `Retry-After`; many members are attaching at once).
+    #[error("many members are attaching through the leader; this one's turn is in {}s", .0.as_secs())]
+    Turn(Duration),
 }
 
 impl Dial {
@@ -85,6 +94,17 @@ pub(crate) fn refused(code: StatusCode, body: &[u8]) -> Dial {
     } else {
         Dial::Refused(why)
     }
+}
+
+/// The wait a `503` with `Retry-After` (whole seconds) asks for, at most `MOST_TURN`: the leader
+/// pacing attaches (`tether_leader::proxy::pace`). A 503 without it (no replica serving) is
+/// retried at the recovery pace.
+fn turn(code: StatusCode, headers: &http::HeaderMap) -> Option<Duration> {
+    if code != StatusCode::SERVICE_UNAVAILABLE {
+        return None;
+    }
+    let seconds: u64 = headers.get(RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()?;
+    Some(Duration::from_secs(seconds).min(MOST_TURN))
 }
 
 /// Whether the leader refused the proof itself, not the member: a 403 Status whose reason is
@@ -135,6 +155,9 @@ async fn open_challenge(
 ) -> Result<String, Dial> {
     let resp = send(client, req).await?;
     let code = resp.status();
+    if let Some(wait) = turn(code, resp.headers()) {
+        return Err(Dial::Turn(wait));
+    }
     let body = pipe::collect_limited(resp.into_body(), MAX_CHALLENGE).await;
     if code != StatusCode::OK {
         return Err(refused(code, &body));
@@ -237,5 +260,23 @@ mod tests {
             refused(StatusCode::SERVICE_UNAVAILABLE, b""),
             Dial::Unreachable(_)
         ));
+    }
+
+    #[test]
+    fn a_turn_is_a_503_with_whole_seconds_to_wait_and_nothing_else() {
+        let after = |v: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(RETRY_AFTER, http::HeaderValue::from_str(v).unwrap());
+            h
+        };
+        let unavailable = StatusCode::SERVICE_UNAVAILABLE;
+        assert_eq!(turn(unavailable, &after("7")), Some(Duration::from_secs(7)));
+        assert_eq!(turn(unavailable, &after("86400")), Some(MOST_TURN));
+        // The aggregator's own 503 (no replica serving) has none: the recovery pace.
+        assert_eq!(turn(unavailable, &http::HeaderMap::new()), None);
+        // An HTTP date, garbage, or another status: not a turn.
+        assert_eq!(turn(unavailable, &after("Wed, 21 Oct 2026 07:28:00 GMT")), None);
+        assert_eq!(turn(unavailable, &after("-1")), None);
+        assert_eq!(turn(StatusCode::TOO_MANY_REQUESTS, &after("1")), None);
     }
 }

@@ -181,6 +181,14 @@ pub async fn run(
                 );
                 Ended::Unreachable
             }
+            Err(Dial::Turn(wait)) => {
+                access.metrics.attach("paced");
+                info!(
+                    seconds = wait.as_secs(),
+                    "Many members are attaching through the leader; waiting for this one's turn"
+                );
+                Ended::Turn(wait)
+            }
             Err(Dial::Refused(why)) => {
                 access.metrics.attach("refused");
                 warn!(error = %why, "The leader refused the tunnel; retrying slowly");

@@ -10,6 +10,10 @@
 //!   the leader's API server two TLS handshakes, and nothing there holds a surge back: `attach`
 //!   is long-running to priority and fairness; a fleet that outruns it saturates it, and when
 //!   its 5 s availability check of the proxy API fails in the surge nothing attaches for ~20 s).
+//! - A leader that paces attaches (`tether_leader::proxy::pace`, 2026-12-06) answers an agent past
+//!   its rate with a turn (`503` and `Retry-After`): the agent dials again exactly then, and the
+//!   schedule above is left as it was. The fleet's turns are given in order at the leader's rate,
+//!   so a fleet of N is back N / rate seconds after the replica serves, without the surge.
 //! - Otherwise failures back off exponentially with jitter, from `BACKOFF.0` up to `BACKOFF.1`
 //!   while the leader cannot be reached, and up to `REFUSED_BACKOFF` once it refused the tunnel
 //!   (no proxy API there, or no right to attach): a fleet of such members must not hammer it.
@@ -40,6 +44,8 @@ pub(super) enum Ended {
     Unreachable,
     /// The leader refused the tunnel.
     Refused,
+    /// The leader paced the attach and gave this member its turn, this far away.
+    Turn(Duration),
 }
 
 /// The redial schedule of one tunnel.
@@ -65,6 +71,9 @@ impl Redial {
     /// How long to wait after a dial that `ended` at `now`; `r` is a random number in [0, 1).
     pub(super) fn after(&mut self, ended: Ended, now: Instant, r: f64) -> Duration {
         let limit = match ended {
+            // NB: the leader's turn is the fleet's pace: kept as given, without jitter (turns
+            // are spread already) and without moving the schedule's own pace.
+            Ended::Turn(wait) => return wait,
             Ended::Closed { lived } if lived >= HEALTHY => {
                 self.backoff = BACKOFF.0;
                 self.recovering_until = Some(now + RECOVERY);
@@ -128,6 +137,19 @@ mod tests {
         assert_eq!(d.after(Ended::Unreachable, after, 0.999).as_secs(), 21);
         assert_eq!(d.after(Ended::Unreachable, after, 0.999).as_secs(), 29);
         assert_eq!(d.after(Ended::Unreachable, after, 0.999).as_secs(), 29);
+    }
+
+    #[test]
+    fn a_turn_the_leader_gives_is_waited_exactly_and_leaves_the_recovery_as_it_was() {
+        let mut d = Redial::default();
+        let t0 = Instant::now();
+        d.after(Ended::Closed { lived: S(3600) }, t0, 0.0);
+        assert_eq!(d.after(Ended::Unreachable, t0 + S(1), 0.999).as_secs(), 11);
+        for r in [0.0, 0.5, 0.999] {
+            assert_eq!(d.after(Ended::Turn(S(37)), t0 + S(5), r), S(37));
+        }
+        // The recovery goes on where it was: the spread doubled once, not four times.
+        assert_eq!(d.after(Ended::Unreachable, t0 + S(50), 0.999).as_secs(), 21);
     }
 
     #[test]

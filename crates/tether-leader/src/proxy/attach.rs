@@ -6,7 +6,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use http::header::{CONNECTION, UPGRADE};
+use http::header::{CONNECTION, RETRY_AFTER, UPGRADE};
 use http::{HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::upgrade::Upgraded;
@@ -20,9 +20,11 @@ use tether_tunnel::identity::Caller;
 use tether_tunnel::pipe::{self, Body};
 use tether_tunnel::proof::{self, ATTACH_PROOF, Challenge, Renewed};
 use tether_tunnel::{ATTACH, UPGRADE_PROTOCOL, headers, idle, status};
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::challenge::{Purpose, Refused};
+use super::pace;
 use super::shared::{Shared, json, member_cluster, registered_key, unix_now};
 use super::tunnels::{Carrier, Line, MemberKey};
 use crate::Context;
@@ -112,6 +114,18 @@ pub(super) fn attach(
                     m.name
                 ),
             );
+        }
+        // NB: a member with a live tunnel here is proving its key again, never paced.
+        if sh.tunnels.get(&m).is_none() {
+            let turn = sh
+                .pace
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .admit(&m, Instant::now());
+            if let Err(wait) = turn {
+                sh.ctx.metrics.proxied("attach_paced");
+                return paced(&m, wait);
+            }
         }
         let token = sh.challenges.issue(&m, Purpose::Attach, now);
         return match tether_seal::seal_text(&proof::plaintext(&m.namespace, &m.name, &token), &key) {
@@ -219,6 +233,22 @@ pub(super) fn attach(
         resp.headers_mut()
             .insert(idle::START_HEADER, HeaderValue::from_static(idle::ON_DEMAND));
     }
+    resp
+}
+
+/// `503` with `Retry-After`: member `m`'s turn to attach is `wait` away (`pace`). An agent from
+/// before turns retries a 503 at its recovery pace.
+fn paced(m: &MemberKey, wait: std::time::Duration) -> Response<Body> {
+    let seconds = pace::retry_after(wait);
+    debug!(member = %m.name, seconds, "Attach paced: told its turn");
+    let mut resp = status(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &format!(
+            "many members are attaching through this leader at once; member {}'s turn is in {seconds}s",
+            m.name
+        ),
+    );
+    resp.headers_mut().insert(RETRY_AFTER, HeaderValue::from(seconds));
     resp
 }
 

@@ -13,6 +13,7 @@ mod certificate;
 pub mod challenge;
 pub mod frontproxy;
 pub mod identities;
+pub mod pace;
 mod rejoin;
 pub mod revoke;
 pub mod server;
@@ -75,6 +76,9 @@ pub struct ProxyOptions {
     pub cert_validity: Duration,
     /// Most connections open at once (each tunnel is one; the API server's requests share a few).
     pub max_connections: usize,
+    /// Most attach challenges a second for agents without a live tunnel (0: unpaced); past it
+    /// each is given a turn (`pace`).
+    pub attach_rate: f64,
 }
 
 /// Why one serving term could not start.
@@ -351,6 +355,7 @@ async fn serve(
         tunnels: tunnels.clone(),
         ctx: ctx.clone(),
         challenges: challenge::Challenges::default(),
+        pace: std::sync::Mutex::new(pace::Pace::new(opts.attach_rate)),
         identities: identities.clone(),
         stop: stop.clone(),
         decoy: tether_seal::generate_keypair().1,

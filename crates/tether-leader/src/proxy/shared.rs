@@ -1,5 +1,5 @@
 //! What every request handler of the aggregated server shares, and the answers they share:
-//! the live tunnels, the leader's caches, this term's attach challenges, which member
+//! the live tunnels, the leader's caches, this term's attach challenges and pace, which member
 //! identities exist, and the one way to look up a member the leader made.
 
 use std::sync::Arc;
@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::challenge::Challenges;
 use super::identities::Identities;
+use super::pace::Pace;
 use super::tunnels::{MemberKey, Tunnels};
 use crate::Context;
 
@@ -25,6 +26,8 @@ pub struct Shared {
     pub ctx: Arc<Context>,
     /// Attach challenges of this serving term.
     pub challenges: Challenges,
+    /// The pace of this term's attaches (`pace`).
+    pub pace: std::sync::Mutex<Pace>,
     /// Which members' agent ServiceAccounts exist.
     pub identities: Arc<Identities>,
     /// Cancelled when this replica stops serving: every tunnel closes at once.
