@@ -4,7 +4,8 @@
 //! what an attacker would try, and shows the refusal: a token minted for an agent taking over
 //! its tunnel, a second attach with the member's own key (replaced, with a Warning), a flood of
 //! idle connections, a peer without the front proxy's certificate, trickled request bodies, a
-//! malformed pass-through credential, forged audit fields, an anonymous caller at `rejoin`, and
+//! malformed pass-through credential, forged audit fields, an anonymous caller at `rejoin`, a
+//! member's identity asking to attach in a loop to push the fleet's turns out, and
 //! revocation (the agent's
 //! ServiceAccount deleted, the member removed) closing the tunnel within 10 s.
 //!
@@ -34,8 +35,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[path = "attacks/bounds.rs"]
 mod bounds;
+#[path = "attacks/pace.rs"]
+mod pace;
 #[path = "attacks/replace.rs"]
 mod replace;
+
+use pace::one_member_asking_to_attach_in_a_loop_holds_one_turn_and_pushes_no_other_out;
 
 use replace::an_attach_with_the_members_own_key_replaces_the_tunnel_with_a_warning;
 
@@ -49,6 +54,8 @@ use bounds::{
 
 /// Connections the leader's proxy port holds at once in this fixture.
 const MAX_CONNECTIONS: usize = 300;
+/// Tunnels the leader lets attach per second in this fixture (its default is 250).
+const ATTACH_RATE: f64 = 1.0;
 
 struct World {
     leader: LeaderSide,
@@ -78,6 +85,7 @@ fn main() -> ExitCode {
             a_peer_without_the_front_proxy_certificate_gets_health_only_then_is_closed,
             six_hundred_idle_connections_are_closed_within_30_s_without_a_restart,
             trickled_request_bodies_are_bounded_and_others_are_served,
+            one_member_asking_to_attach_in_a_loop_holds_one_turn_and_pushes_no_other_out,
             deleting_the_agents_service_account_closes_its_tunnel_within_10_s,
             removing_a_member_closes_its_tunnel_within_10_s,
         ],
@@ -94,10 +102,11 @@ async fn setup() -> World {
     let port = free_port().expect("port");
     let proxy = SocketAddr::from((lab::GATEWAY, port));
     let cap = format!("--proxy-max-connections={MAX_CONNECTIONS}");
+    let rate = format!("--proxy-attach-rate={ATTACH_RATE}");
     let leader = LeaderSide::on(cluster)
         .policy(policy("2s", "6s"))
         .proxy(proxy, 4)
-        .args(&[&cap])
+        .args(&[&cap, &rate])
         .start()
         .await;
     let token = join_token(&leader.admin).await;

@@ -134,8 +134,11 @@ async fn leader_api_server_outage_etcd_pause_and_restart_lose_nothing() {
     for m in &members {
         ids.push(kube_system_uid(m).await);
     }
-    // Recovery bound: one heartbeat interval plus its jitter, plus the leader's reaction.
-    let bound = HEARTBEAT.mul_f64(1.1) + Duration::from_secs(2);
+    // Recovery bound: the later of the agents' next renewal (one heartbeat interval plus its
+    // jitter) and the leader's watches trying again (after an outage this long, a watch waits
+    // up to 4 s plus 20 % between tries: two CIs missed the old bound, which left that out, by
+    // 1.7 and 2 s), plus the leader's reaction.
+    let bound = HEARTBEAT.mul_f64(1.1).max(tether_process::streams::LONGEST_RETRY) + Duration::from_secs(2);
 
     // 1. The leader's API server stopped for longer than the grace period.
     let outage = GRACE * 5;

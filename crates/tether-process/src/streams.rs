@@ -51,6 +51,9 @@ pub struct Retry {
 
 const RETRY_MIN: Duration = Duration::from_millis(250);
 const RETRY_MAX: Duration = Duration::from_secs(4);
+/// The longest a failed watch waits before it tries again (`RETRY_MAX` and its jitter): after an
+/// outage of the API server longer than a few seconds, a watch sees it back at most this late.
+pub const LONGEST_RETRY: Duration = Duration::from_millis(RETRY_MAX.as_millis() as u64 * 6 / 5);
 
 impl Default for Retry {
     fn default() -> Self {

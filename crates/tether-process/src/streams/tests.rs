@@ -222,3 +222,17 @@ async fn a_list_after_the_watch_expired_hands_out_its_objects_once_cached_and_it
     );
     running.abort();
 }
+
+#[test]
+fn a_failed_watch_waits_from_a_quarter_second_doubling_and_never_longer_than_the_longest_retry() {
+    let mut r = Retry::default();
+    let delays: Vec<Duration> = (0..40).map(|_| r.next().expect("a delay")).collect();
+    assert!(delays[0] >= Duration::from_millis(200) && delays[0] <= Duration::from_millis(300));
+    assert!(delays.iter().all(|d| *d <= LONGEST_RETRY), "{delays:?}");
+    assert!(
+        delays[10..].iter().all(|d| *d >= Duration::from_millis(3200)),
+        "{delays:?}"
+    );
+    r.reset();
+    assert!(r.next().expect("a delay") <= Duration::from_millis(300));
+}
