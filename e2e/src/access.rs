@@ -115,13 +115,21 @@ pub async fn get(c: &Client, path: &str, headers: &[(&str, &str)]) -> Result<Str
 
 /// The value of the series `series` (name and labels, as printed) on the leader's `/metrics`.
 pub async fn leader_metric(leader: &LeaderSide, series: &str) -> f64 {
+    leader_metric_read(leader, series)
+        .await
+        .expect("leader /metrics")
+        .unwrap_or_else(|| panic!("no {series} in the leader's metrics"))
+}
+
+/// The value of `series` on the leader's `/metrics`, `None` while it has none; an error when
+/// `/metrics` did not answer (for a condition polled until it holds).
+pub async fn leader_metric_read(leader: &LeaderSide, series: &str) -> Result<Option<f64>, String> {
     let (_, text) = leader
         .controller
         .admin_get("/metrics")
         .await
-        .expect("leader /metrics");
-    crate::probe::prom::metric(&text, series)
-        .unwrap_or_else(|| panic!("no {series} in the leader's metrics:\n{text}"))
+        .map_err(|e| format!("leader /metrics: {e}"))?;
+    Ok(crate::probe::prom::metric(&text, series))
 }
 
 /// `token` as leader user `user` passes it through to member `name`: sealed to the key the

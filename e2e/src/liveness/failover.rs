@@ -8,33 +8,36 @@ use crate::probe::prom::request_counts_within;
 const READ_WITHIN: Duration = Duration::from_secs(2);
 
 /// What a failover showed.
-pub(super) struct Seen {
+#[derive(Clone, Debug)]
+pub struct Failover {
     /// Kill → every live tunnel attached to the standby.
     pub reattach: Option<Duration>,
     /// Kill → the first tunnel seen at the standby (read once a second).
     pub first: Option<Duration>,
     /// Live members marked anything but Ready=True.
     pub marked: usize,
+    /// Live members whose Ready condition changed at all (status or reason): a member waiting
+    /// for its tunnel's turn that is judged by its heartbeat meanwhile turns `HeartbeatReceived`
+    /// and back, two writes and a false "tunnel lost".
+    pub moved: usize,
     /// Peak writes in one second, and all writes.
     pub writes: (f64, f64),
     /// The standby's RSS once every tunnel attached, MiB.
     pub standby_rss: f64,
     /// Attach challenges the standby answered with a turn (`tether_leader::proxy::pace`).
     pub paced: f64,
-    /// The leader side, the standby now its serving replica.
-    pub leader: LeaderSide,
 }
 
 /// Starts a standby replica, kills the serving one, and watches `s.failover_window`: time until
 /// every live tunnel is attached to the standby, live members marked anything but Ready, the
-/// peak and total writes.
+/// peak and total writes. Returns them and the leader side, the standby now its serving replica.
 pub(super) async fn failover(
     s: &Settings,
     mut leader: LeaderSide,
     standby_at: std::net::SocketAddr,
     transitions: &Transitions,
     running: &[Running],
-) -> Seen {
+) -> (Failover, LeaderSide) {
     let live: HashSet<String> = running
         .iter()
         .filter(|r| r.tunnel.is_some())
@@ -108,7 +111,8 @@ pub(super) async fn failover(
     });
     eprintln!("   the standby closed {silent} tunnels as silent, {unheard} of them never heard");
     let total: f64 = classify(&first, &last, 1.0).values().sum();
-    let marked = transitions.marked_since(&live, killed);
+    let marked = transitions.changed_since(&live, killed, |status, _| status != "True");
+    let moved = transitions.changed_since(&live, killed, |_, _| true).len();
     for (name, changes) in marked.iter().take(10) {
         eprintln!("   marked after the kill: {name}: {}", changes.join(", "));
     }
@@ -129,15 +133,16 @@ pub(super) async fn failover(
     eprintln!("   the standby gave {paced:.0} turns to attach");
     let standby_rss = rss_mib(standby.pid(), "VmRSS");
     leader.controller = standby;
-    Seen {
+    let seen = Failover {
         reattach,
         first: first_seen,
         marked: marked.len(),
+        moved,
         writes: (peak, total),
         standby_rss,
         paced,
-        leader,
-    }
+    };
+    (seen, leader)
 }
 
 /// The standby's count of attach challenges answered with a turn.

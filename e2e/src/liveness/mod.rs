@@ -44,6 +44,7 @@ mod held;
 mod report;
 mod transitions;
 
+pub use failover::Failover;
 use failover::failover;
 use held::*;
 pub use report::report;
@@ -133,18 +134,8 @@ pub struct Outcome {
     pub frozen: Vec<Duration>,
     /// The set's detection time and ping timeout.
     pub detection: (Duration, Duration),
-    /// Failover: kill → every live tunnel attached to the standby.
-    pub reattach: Option<Duration>,
-    /// Failover: kill → the first tunnel at the standby.
-    pub first_reattach: Option<Duration>,
-    /// Live members marked anything but Ready=True during the failover window.
-    pub marked_unknown: usize,
-    /// Peak writes in one second, and all writes, during the failover window.
-    pub failover_writes: (f64, f64),
-    /// Attach challenges the standby answered with a turn in the failover.
-    pub paced: f64,
-    /// The standby's RSS once every tunnel attached to it, MiB.
-    pub standby_rss: f64,
+    /// The failover: a standby took over from the killed serving replica.
+    pub failover: Failover,
 }
 
 /// A frozen tunnel of a member, once attached (dropping it closes it).
@@ -337,7 +328,7 @@ pub async fn run(s: &Settings) -> Outcome {
     );
 
     let detection = detect(s, &transitions, &mut running).await;
-    let seen = failover(s, leader, addr(port_b), &transitions, &running).await;
+    let (seen, leader) = failover(s, leader, addr(port_b), &transitions, &running).await;
     for r in &running {
         r.heartbeat.cancel();
         if let Some(t) = &r.tunnel {
@@ -345,7 +336,7 @@ pub async fn run(s: &Settings) -> Outcome {
         }
     }
     watch.abort();
-    drop(seen.leader);
+    drop(leader);
     Outcome {
         members: n,
         api_limit,
@@ -367,12 +358,7 @@ pub async fn run(s: &Settings) -> Outcome {
         killed: detection.0,
         frozen: detection.1,
         detection: detection.2,
-        reattach: seen.reattach,
-        first_reattach: seen.first,
-        marked_unknown: seen.marked,
-        failover_writes: seen.writes,
-        paced: seen.paced,
-        standby_rss: seen.standby_rss,
+        failover: seen,
     }
 }
 

@@ -121,9 +121,10 @@ pub fn report(o: &Outcome) -> String {
             ms(o.detection.1)
         ),
     );
+    let f = &o.failover;
     line(
         "failover: every tunnel attached again",
-        match (o.reattach, o.first_reattach) {
+        match (f.reattach, f.first) {
             (None, _) => "not within the window".into(),
             (Some(all), Some(first)) => {
                 format!("{} ({} after the first)", ms(all), ms(all.saturating_sub(first)))
@@ -133,22 +134,20 @@ pub fn report(o: &Outcome) -> String {
     );
     line(
         "failover: attaches told to wait for a turn",
-        format!("{:.0}", o.paced),
+        format!("{:.0}", f.paced),
     );
+    line("failover: live members marked Unknown", f.marked.to_string());
     line(
-        "failover: live members marked Unknown",
-        o.marked_unknown.to_string(),
+        "failover: live members whose Ready changed at all",
+        f.moved.to_string(),
     );
     line(
         "failover: writes",
-        format!(
-            "peak {:.0} in one second, {:.0} in all",
-            o.failover_writes.0, o.failover_writes.1
-        ),
+        format!("peak {:.0} in one second, {:.0} in all", f.writes.0, f.writes.1),
     );
     line(
         "standby RSS with every tunnel",
-        format!("{:.0} MiB", o.standby_rss),
+        format!("{:.0} MiB", f.standby_rss),
     );
     out
 }

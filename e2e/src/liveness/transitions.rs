@@ -49,15 +49,20 @@ impl Transitions {
             .map(|(at, _, _)| *at)
     }
 
-    /// Those of `names` seen anything but `True` after `since`, sorted, each with its Ready
-    /// changes after it: `Status/Reason +secs`.
-    pub(super) fn marked_since(&self, names: &HashSet<String>, since: Instant) -> Vec<(String, Vec<String>)> {
+    /// Those of `names` with a Ready change after `since` that `pick(status, reason)` picks,
+    /// sorted, each with its Ready changes after it: `Status/Reason +secs`.
+    pub(super) fn changed_since(
+        &self,
+        names: &HashSet<String>,
+        since: Instant,
+        pick: impl Fn(&str, &str) -> bool,
+    ) -> Vec<(String, Vec<String>)> {
         let all = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let mut out: Vec<(String, Vec<String>)> = names
             .iter()
             .filter_map(|n| {
                 let after: Vec<&Change> = all.get(n)?.iter().filter(|(at, _, _)| *at >= since).collect();
-                after.iter().any(|(_, s, _)| s != "True").then(|| {
+                after.iter().any(|(_, s, r)| pick(s, r)).then(|| {
                     let changes = after
                         .iter()
                         .map(|(at, s, r)| format!("{s}/{r} +{:.1}s", at.duration_since(since).as_secs_f64()))

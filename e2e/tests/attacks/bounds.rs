@@ -203,13 +203,7 @@ async fn revoked(w: &World, reason: &str, before: f64, since: Instant) -> Durati
         &format!("a {reason} revocation"),
         Duration::from_secs(10),
         || async {
-            let (_, text) = w
-                .leader
-                .controller
-                .admin_get("/metrics")
-                .await
-                .map_err(|e| e.to_string())?;
-            let now = tether_e2e::probe::prom::metric(&text, &series).unwrap_or(0.0);
+            let now = leader_metric_read(&w.leader, &series).await?.unwrap_or(0.0);
             if now > before {
                 Ok(since.elapsed())
             } else {
@@ -230,8 +224,10 @@ async fn revocations(w: &World, reason: &str) -> f64 {
 
 /// The leader's counter `series`, 0 while it has not counted anything.
 async fn counter(w: &World, series: &str) -> f64 {
-    let (_, text) = w.leader.controller.admin_get("/metrics").await.expect("metrics");
-    tether_e2e::probe::prom::metric(&text, series).unwrap_or(0.0)
+    leader_metric_read(&w.leader, series)
+        .await
+        .expect("metrics")
+        .unwrap_or(0.0)
 }
 
 pub(super) async fn deleting_the_agents_service_account_closes_its_tunnel_within_10_s(w: &World) {

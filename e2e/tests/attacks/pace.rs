@@ -43,13 +43,7 @@ pub(super) async fn one_member_asking_to_attach_in_a_loop_holds_one_turn_and_pus
         "the leader closed both frozen agents' tunnels",
         Duration::from_secs(60),
         || async {
-            let (_, text) = w
-                .leader
-                .controller
-                .admin_get("/metrics")
-                .await
-                .map_err(|e| e.to_string())?;
-            match tether_e2e::probe::prom::metric(&text, "tether_leader_tunnels") {
+            match leader_metric_read(&w.leader, "tether_leader_tunnels").await? {
                 Some(0.0) => Ok(()),
                 other => Err(format!("tunnels: {other:?}")),
             }

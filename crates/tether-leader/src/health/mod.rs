@@ -186,6 +186,13 @@ impl Tracker {
         lock(&self.tunnels).attached(key, now);
     }
 
+    /// This replica's attach pace told an agent at `now` to come back at `turn`: a term's or a
+    /// mass close's grace lasts until then at least, if it began at most 180 s before
+    /// (`tunnels.rs`).
+    pub fn tunnel_turn(&self, turn: Instant, now: Instant) {
+        lock(&self.tunnels).promised(turn, now);
+    }
+
     /// `key`'s tunnel closed at `now`, as `how` says.
     pub fn tunnel_closed(&self, key: &str, now: Instant, how: Close) {
         lock(&self.tunnels).closed(key, now, how);

@@ -1,8 +1,9 @@
 //! The members' tunnels as this replica saw them during its leadership term, and until when
 //! absence is not judged: a new term's grace, and a mass close's. Both last at least their fixed
 //! grace, and longer while tunnels keep coming back (until `RETURN_QUIET` after the last one, at
-//! most `SETTLE_MAX` from the start): at 10,000 members a fleet re-attaches at the pace the
-//! API server allows, which no fixed grace fits.
+//! most `SETTLE_MAX` from the start), and until `RETURN_QUIET` after the furthest turn this
+//! replica's attach pace gave within `SETTLE_MAX` of the start: at 10,000 members a fleet
+//! re-attaches at the pace the API server allows, which no fixed grace fits.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ pub const TERM_GRACE: Duration = Duration::from_secs(45);
 pub const MASS_GRACE: Duration = Duration::from_secs(45);
 /// A grace goes on while tunnels come back: until this long after the last one…
 const RETURN_QUIET: Duration = Duration::from_secs(15);
-/// …but never longer than this from its start.
+/// …but never longer than this from its start (unless turns were given further out).
 const SETTLE_MAX: Duration = Duration::from_secs(180);
 /// Closes within this window count together.
 const MASS_WINDOW: Duration = Duration::from_secs(5);
@@ -65,6 +66,13 @@ struct Mass {
     to: Instant,
 }
 
+/// The furthest turns given during a grace's first `SETTLE_MAX`.
+#[derive(Default)]
+struct Promised {
+    term: Option<Instant>,
+    mass: Option<Instant>,
+}
+
 #[derive(Default)]
 pub(super) struct Tunnels {
     seen: HashMap<String, Seen>,
@@ -77,6 +85,9 @@ pub(super) struct Tunnels {
     mass: Option<Mass>,
     /// When a tunnel last attached that was not attached before (first this term, or again).
     returned: Option<Instant>,
+    /// The furthest turn to attach this replica's pace gave within `SETTLE_MAX` of this term's
+    /// start, and of the last mass close's.
+    promised: Promised,
     /// When this replica's leadership term began, and on the wall clock (whole seconds, as
     /// conditions keep it).
     term: Option<(Instant, Timestamp)>,
@@ -95,6 +106,24 @@ impl Tunnels {
         if !matches!(before, Some(Seen::Attached)) {
             self.attached += 1;
             self.returned = Some(now);
+        }
+    }
+
+    /// This replica's attach pace told an agent at `now` to come back at `turn`
+    /// (`proxy/pace.rs`): a term's or a mass close's grace that began at most `SETTLE_MAX`
+    /// before lasts until that agent could be back, however far out.
+    ///
+    /// NB: only turns given in a grace's first `SETTLE_MAX` count, so that an agent identity
+    /// asking in a loop (a turn each time the pace runs short) cannot keep a grace going, or
+    /// bring one back: the furthest turn it can get then is behind the fleet's, members ÷ rate.
+    pub(super) fn promised(&mut self, turn: Instant, now: Instant) {
+        let within = |start: Instant| start <= now && now <= start + SETTLE_MAX;
+        let further = |p: &mut Option<Instant>| *p = Some(p.map_or(turn, |p| p.max(turn)));
+        if self.term.is_some_and(|(start, _)| within(start)) {
+            further(&mut self.promised.term);
+        }
+        if self.mass.is_some_and(|m| within(m.from)) {
+            further(&mut self.promised.mass);
         }
     }
 
@@ -132,7 +161,10 @@ impl Tunnels {
                     from: m.from,
                     to: now,
                 },
-                _ => Mass { from: first, to: now },
+                _ => {
+                    self.promised.mass = None;
+                    Mass { from: first, to: now }
+                }
             });
         }
     }
@@ -150,7 +182,7 @@ impl Tunnels {
     ) -> (Tunnel, Option<Instant>) {
         let term_grace = || {
             let (term, _) = self.term?;
-            Some(self.settled(term + TERM_GRACE, term)).filter(|u| *u > now)
+            Some(self.settled(term + TERM_GRACE, term, self.promised.term)).filter(|u| *u > now)
         };
         // NB: the previous replica saw this member's tunnel up; this one took over.
         let up_before_term = self
@@ -177,7 +209,7 @@ impl Tunnels {
                 let until = self
                     .mass
                     .filter(|m| m.from <= *at && *at <= m.to)
-                    .map(|m| self.settled(m.to + MASS_GRACE, m.from));
+                    .map(|m| self.settled(m.to + MASS_GRACE, m.from, self.promised.mass));
                 let tunnel = Tunnel::Closed {
                     ago: now.saturating_duration_since(*at),
                     silent: matches!(how, Close::Silent { .. }),
@@ -188,12 +220,21 @@ impl Tunnels {
     }
 
     /// The end of a grace that began at `start` and lasts until `until` at least: later while
-    /// tunnels come back.
-    fn settled(&self, until: Instant, start: Instant) -> Instant {
-        match self.returned {
-            Some(r) if r >= start => until.max((r + RETURN_QUIET).min(start + SETTLE_MAX)),
+    /// tunnels come back (until `SETTLE_MAX` from `start`), and until `RETURN_QUIET` after
+    /// `promised`, the furthest turn given in it, whichever is later.
+    ///
+    /// NB: a turn is this replica's own word to an agent that asked (and so lives): blaming it
+    /// for not being back before then would be blaming it for the leader's pace, however slow
+    /// (a pace slower than one attach per `RETURN_QUIET` leaves gaps between returns). One turn
+    /// per member, so the furthest is at most members ÷ rate away.
+    fn settled(&self, until: Instant, start: Instant, promised: Option<Instant>) -> Instant {
+        let promised = promised.map(|p| p + RETURN_QUIET);
+        let most = promised.map_or(start + SETTLE_MAX, |p| p.max(start + SETTLE_MAX));
+        let back = match self.returned {
+            Some(r) if r >= start => (r + RETURN_QUIET).min(most),
             _ => until,
-        }
+        };
+        until.max(back).max(promised.unwrap_or(until))
     }
 
     /// Adds `blind` to every close (never past `now`).
@@ -262,6 +303,55 @@ mod tests {
     }
 
     #[test]
+    fn a_grace_lasts_until_the_furthest_turn_given_and_no_turn_given_later_keeps_it() {
+        let mut t = Tunnels::default();
+        let start = Instant::now();
+        t.start_term(start, wall());
+        // A pace slower than the fleet: turns given up to 400 s out in the surge after the
+        // take-over, so the grace lasts until the furthest turn…
+        t.promised(start + S(400), start + S(20));
+        t.promised(start + S(100), start + S(21));
+        assert_eq!(t.tunnel("ns/late", start + S(200), None).1, Some(start + S(415)));
+        // …and while the fleet keeps coming back at its turns, never longer.
+        for i in 1..=45 {
+            t.attached(&format!("ns/m{i}"), start + S(10 * i));
+        }
+        assert_eq!(t.tunnel("ns/late", start + S(401), None).1, Some(start + S(415)));
+        assert_eq!(t.tunnel("ns/late", start + S(415), None).1, None);
+        // An agent identity asking in a loop later gets turns (the pace ran short): they bring
+        // no grace back.
+        for k in 0..100 {
+            t.promised(start + S(416 + k), start + S(415 + k));
+        }
+        assert_eq!(t.tunnel("ns/late", start + S(515), None).1, None);
+
+        // A pace slower than one attach per RETURN_QUIET: the gaps between returns are not the
+        // end of the grace.
+        let mut t = Tunnels::default();
+        t.start_term(start, wall());
+        t.attached("ns/m1", start + S(2));
+        for turn in [27, 52, 77] {
+            t.promised(start + S(turn), start + S(2));
+        }
+        t.attached("ns/m2", start + S(27));
+        assert_eq!(t.tunnel("ns/late", start + S(46), None).1, Some(start + S(92)));
+        t.attached("ns/m3", start + S(52));
+        t.attached("ns/m4", start + S(77));
+        assert_eq!(t.tunnel("ns/late", start + S(91), None).1, Some(start + S(92)));
+        assert_eq!(t.tunnel("ns/late", start + S(92), None).1, None);
+
+        // A turn given before the term, or past its first SETTLE_MAX, does not stretch it.
+        let mut t = Tunnels::default();
+        t.promised(start + S(300), start);
+        t.start_term(start + S(1), wall());
+        t.promised(start + S(900), start + S(182));
+        for i in 1..=60 {
+            t.attached(&format!("ns/m{i}"), start + S(1 + 10 * i));
+        }
+        assert_eq!(t.tunnel("ns/late", start + S(200), None).1, None);
+    }
+
+    #[test]
     fn a_burst_of_thousands_of_closes_is_one_mass_close_with_one_grace() {
         let mut t = Tunnels::default();
         let t0 = Instant::now();
@@ -287,6 +377,12 @@ mod tests {
         }
         let back = last + S(30) + Duration::from_millis(10 * 4_999);
         assert_eq!(t.tunnel("ns/m9999", back, None).1, Some(back + RETURN_QUIET));
+        // The pace gave the rest turns up to 60 s after: their grace lasts until then.
+        t.promised(back + S(60), last + S(31));
+        assert_eq!(
+            t.tunnel("ns/m9999", back, None).1,
+            Some(back + S(60) + RETURN_QUIET)
+        );
         // A lone close long after is judged on its own.
         let lone = last + S(600);
         t.closed("ns/m1", lone, Close::Closed);

@@ -97,6 +97,11 @@ impl Pace {
         self.turns.len()
     }
 
+    /// Member `m`'s turn, if it holds one.
+    pub fn turn(&self, m: &MemberKey) -> Option<Instant> {
+        self.turns.get(m).copied()
+    }
+
     fn sweep(&mut self, now: Instant) {
         if self.next_sweep.is_some_and(|t| now < t) {
             return;
@@ -133,6 +138,8 @@ mod tests {
         assert_eq!(waits[50], Some(Duration::from_millis(10)));
         assert_eq!(waits[999], Some(Duration::from_millis(9500)));
         assert_eq!(p.waiting(), 950);
+        assert_eq!(p.turn(&m(999)), Some(t0 + Duration::from_millis(9500)));
+        assert_eq!(p.turn(&m(0)), None);
         // Early: told the time left, the turn kept, nothing moved.
         assert_eq!(
             p.admit(&m(999), t0 + Duration::from_secs(9)),
@@ -144,6 +151,7 @@ mod tests {
         );
         // At their turns: admitted, whatever came in between.
         assert_eq!(p.admit(&m(999), t0 + Duration::from_millis(9500)), Ok(()));
+        assert_eq!(p.turn(&m(999)), None);
         assert_eq!(p.admit(&m(50), t0 + Duration::from_secs(20)), Ok(()));
         // A newcomer queues behind every turn given.
         assert_eq!(
