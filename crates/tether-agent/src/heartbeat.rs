@@ -116,6 +116,12 @@ pub async fn beat(
     ))
 }
 
+/// How long after losing its tunnel the agent renews at the latest: `DETACHED_WAIT` short
+/// intervals, jittered (sooner if the renewal was due sooner anyway).
+pub fn detached_wait(intervals: Intervals) -> Duration {
+    jittered(intervals.alone * DETACHED_WAIT)
+}
+
 /// `interval` ±10%, so that members started together do not heartbeat in lockstep.
 pub fn jittered(interval: Duration) -> Duration {
     let factor = rand::rng().random_range(0.9..1.1);
@@ -248,7 +254,7 @@ async fn wait(attached: &mut watch::Receiver<bool>, intervals: Intervals) {
                     return;
                 }
                 if !*attached.borrow_and_update() {
-                    due = due.min(tokio::time::Instant::now() + jittered(intervals.alone * DETACHED_WAIT));
+                    due = due.min(tokio::time::Instant::now() + detached_wait(intervals));
                 }
             }
         }

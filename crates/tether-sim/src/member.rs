@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::Api;
-use tether_agent::heartbeat::{Intervals, jittered, renew};
+use tether_agent::heartbeat::{Intervals, detached_wait, jittered, renew};
 use tether_agent::link::Link;
 use tether_agent::renewal::{renewal_delay, request_token};
 use tether_agent::report::{Report, status, summarize, write_status};
@@ -119,15 +119,26 @@ impl Member {
 
     /// Heartbeats until `cancel`, as the agent's heartbeat loop does: the first one at a random
     /// point of the interval (so that members started together spread out), then every interval
-    /// ±10%. A failed heartbeat is counted and retried at the next beat. Renews the credential
-    /// when the agent would (`renewal::renewal_delay`); a failed renewal is retried after 10 s.
+    /// ±10%, and no later than `heartbeat::detached_wait` after its tunnel is lost. A failed
+    /// heartbeat is counted and retried at the next beat. Renews the credential when the agent
+    /// would (`renewal::renewal_delay`); a failed renewal is retried after 10 s.
     pub async fn heartbeat_until(mut self, cancel: CancellationToken) -> Self {
-        let attached = self.link.attached();
+        let mut attached = self.link.attached();
+        let mut following = true;
         let mut next_beat = Instant::now() + self.interval().mul_f64(rand_fraction(&self.name));
         let mut next_renewal = Instant::now() + renewal_delay(&self.stored, Timestamp::now());
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return self,
+                changed = attached.changed(), if following => match changed {
+                    // NB: no tunnel any more (member access off): the intervals as they are.
+                    Err(_) => following = false,
+                    Ok(()) => {
+                        if !*attached.borrow_and_update() {
+                            next_beat = next_beat.min(Instant::now() + detached_wait(self.intervals));
+                        }
+                    }
+                },
                 _ = tokio::time::sleep_until(next_beat.into()) => {
                     if let Ok(intervals) = self.beat().await {
                         self.intervals = intervals;
