@@ -6,8 +6,9 @@
 //! - Without a tunnel (member access off, the leader does not serve it, or it cannot attach),
 //!   the Lease is the heartbeat, renewed every `heartbeatInterval`.
 //! - When the tunnel is lost, the agent first tries to attach it again and renews at the short
-//!   interval only `DETACHED_WAIT` intervals later, so a whole fleet whose tunnels dropped at once
-//!   (a leader failover) re-attaches without a burst of writes.
+//!   interval only `DETACHED_WAIT` intervals later; one back within that wait keeps its old
+//!   schedule, so a whole fleet whose tunnels dropped at once (a leader failover) re-attaches
+//!   without a burst of writes.
 //!
 //! Both intervals, and the ping interval, are annotations the leader keeps on the Lease, read
 //! back from each renewal. Under a leader from before heartbeat Leases (no Lease, or no right to
@@ -116,10 +117,21 @@ pub async fn beat(
     ))
 }
 
-/// How long after losing its tunnel the agent renews at the latest: `DETACHED_WAIT` short
-/// intervals, jittered (sooner if the renewal was due sooner anyway).
-pub fn detached_wait(intervals: Intervals) -> Duration {
-    jittered(intervals.alone * DETACHED_WAIT)
+/// When the renewal after the one at `began` is due, now that the tunnel turned `attached` at
+/// `now` (it was due at `due`): sooner if the tunnel was lost (`DETACHED_WAIT` short intervals,
+/// jittered, unless it was due sooner anyway); the long interval after `began` if it is back.
+///
+/// NB: a fleet whose tunnels dropped together (a leader failover) and came back within the wait
+/// renews on its old schedule, not all at once `DETACHED_WAIT` intervals after the drop.
+pub fn due_after_change<T>(due: T, began: T, now: T, attached: bool, intervals: Intervals) -> T
+where
+    T: Copy + Ord + std::ops::Add<Duration, Output = T>,
+{
+    if attached {
+        due.max(began + jittered(intervals.next(true)))
+    } else {
+        due.min(now + jittered(intervals.alone * DETACHED_WAIT))
+    }
 }
 
 /// `interval` ±10%, so that members started together do not heartbeat in lockstep.
@@ -241,9 +253,10 @@ pub(crate) async fn run(
 }
 
 /// Waits until the next renewal is due: the interval for whether the tunnel is attached now,
-/// shortened to `DETACHED_WAIT` short intervals if the tunnel is lost meanwhile.
+/// moved as the tunnel is lost and comes back meanwhile (`due_after_change`).
 async fn wait(attached: &mut watch::Receiver<bool>, intervals: Intervals) {
-    let mut due = tokio::time::Instant::now() + jittered(intervals.next(*attached.borrow_and_update()));
+    let began = tokio::time::Instant::now();
+    let mut due = began + jittered(intervals.next(*attached.borrow_and_update()));
     loop {
         tokio::select! {
             _ = tokio::time::sleep_until(due) => return,
@@ -253,9 +266,8 @@ async fn wait(attached: &mut watch::Receiver<bool>, intervals: Intervals) {
                     tokio::time::sleep_until(due).await;
                     return;
                 }
-                if !*attached.borrow_and_update() {
-                    due = due.min(tokio::time::Instant::now() + detached_wait(intervals));
-                }
+                let now = *attached.borrow_and_update();
+                due = due_after_change(due, began, tokio::time::Instant::now(), now, intervals);
             }
         }
     }
@@ -314,6 +326,44 @@ mod tests {
         waiting.await.expect("wait");
         let waited = start.elapsed();
         // Lost at 60 s: renewed 27–33 s later, not at 300 s and not at once.
+        assert!(
+            waited >= Duration::from_secs(87) && waited <= Duration::from_secs(93),
+            "{waited:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tunnel_back_within_the_wait_keeps_the_long_interval_and_one_attached_late_gets_it() {
+        let link = Link::default();
+        link.set_attached(true);
+        let i = Intervals {
+            alone: Duration::from_secs(10),
+            tunneled: Duration::from_secs(300),
+            ping: Duration::from_secs(5),
+        };
+        let timed = |lost: u64, back: u64| {
+            let (link, mut attached) = (&link, link.attached());
+            async move {
+                let start = tokio::time::Instant::now();
+                let waiting = tokio::spawn(async move {
+                    wait(&mut attached, i).await;
+                    start.elapsed()
+                });
+                tokio::time::sleep(Duration::from_secs(lost)).await;
+                link.set_attached(false);
+                tokio::time::sleep(Duration::from_secs(back - lost)).await;
+                link.set_attached(true);
+                waiting.await.expect("wait")
+            }
+        };
+        // Lost at 60 s, back at 75 s (a failover): renewed on the old schedule, 270–330 s.
+        let waited = timed(60, 75).await;
+        assert!(
+            waited >= Duration::from_secs(270) && waited <= Duration::from_secs(330),
+            "{waited:?}"
+        );
+        // Lost at 60 s and back only after the wait ran out: renewed at 87–93 s as before.
+        let waited = timed(60, 95).await;
         assert!(
             waited >= Duration::from_secs(87) && waited <= Duration::from_secs(93),
             "{waited:?}"

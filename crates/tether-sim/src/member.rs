@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::Api;
-use tether_agent::heartbeat::{Intervals, detached_wait, jittered, renew};
+use tether_agent::heartbeat::{Intervals, due_after_change, jittered, renew};
 use tether_agent::link::Link;
 use tether_agent::renewal::{renewal_delay, request_token};
 use tether_agent::report::{Report, status, summarize, write_status};
@@ -119,13 +119,18 @@ impl Member {
 
     /// Heartbeats until `cancel`, as the agent's heartbeat loop does: the first one at a random
     /// point of the interval (so that members started together spread out), then every interval
-    /// ±10%, and no later than `heartbeat::detached_wait` after its tunnel is lost. A failed
+    /// ±10%, moved as its tunnel is lost and comes back (`heartbeat::due_after_change`). A failed
     /// heartbeat is counted and retried at the next beat. Renews the credential when the agent
     /// would (`renewal::renewal_delay`); a failed renewal is retried after 10 s.
     pub async fn heartbeat_until(mut self, cancel: CancellationToken) -> Self {
         let mut attached = self.link.attached();
         let mut following = true;
-        let mut next_beat = Instant::now() + self.interval().mul_f64(rand_fraction(&self.name));
+        // NB: the first beat is a random point of an interval: as if the last was one before.
+        let first = self.interval().mul_f64(rand_fraction(&self.name));
+        let mut last_beat = Instant::now()
+            .checked_sub(self.interval() - first)
+            .unwrap_or_else(Instant::now);
+        let mut next_beat = Instant::now() + first;
         let mut next_renewal = Instant::now() + renewal_delay(&self.stored, Timestamp::now());
         loop {
             tokio::select! {
@@ -134,16 +139,16 @@ impl Member {
                     // NB: no tunnel any more (member access off): the intervals as they are.
                     Err(_) => following = false,
                     Ok(()) => {
-                        if !*attached.borrow_and_update() {
-                            next_beat = next_beat.min(Instant::now() + detached_wait(self.intervals));
-                        }
+                        let now = *attached.borrow_and_update();
+                        next_beat = due_after_change(next_beat, last_beat, Instant::now(), now, self.intervals);
                     }
                 },
                 _ = tokio::time::sleep_until(next_beat.into()) => {
                     if let Ok(intervals) = self.beat().await {
                         self.intervals = intervals;
                     }
-                    next_beat = Instant::now() + jittered(self.intervals.next(*attached.borrow()));
+                    last_beat = Instant::now();
+                    next_beat = last_beat + jittered(self.intervals.next(*attached.borrow()));
                 }
                 _ = tokio::time::sleep_until(next_renewal.into()) => {
                     next_renewal = Instant::now() + match self.renew().await {
