@@ -132,6 +132,15 @@ pub async fn leader_metric_read(leader: &LeaderSide, series: &str) -> Result<Opt
     Ok(crate::probe::prom::metric(&text, series))
 }
 
+/// The leader's counter `series`, 0 while it has counted nothing (a labelled series appears with
+/// its first count).
+pub async fn leader_counter(leader: &LeaderSide, series: &str) -> f64 {
+    leader_metric_read(leader, series)
+        .await
+        .expect("leader /metrics")
+        .unwrap_or(0.0)
+}
+
 /// `token` as leader user `user` passes it through to member `name`: sealed to the key the
 /// member registered (read from its ManagedCluster), now.
 pub async fn sealed(leader: &LeaderSide, name: &str, user: &str, token: &str) -> String {

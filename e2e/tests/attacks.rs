@@ -24,7 +24,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 use tether_api::ManagedCluster;
 use tether_e2e::access::{
-    allow_impersonation, apply, get, grant_proxy, leader_metric, leader_metric_read, sealed,
+    allow_impersonation, apply, get, grant_proxy, leader_counter, leader_metric, leader_metric_read, sealed,
     serve_from_the_first_byte, through, wait_tunnel,
 };
 use tether_e2e::fleet::{self, LeaderSide, MemberSide, policy};

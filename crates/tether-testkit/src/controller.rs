@@ -110,6 +110,13 @@ impl Controller {
         let _ = self.proc.signal(Signal::SIGCONT);
     }
 
+    /// Freezes the process until the returned guard is dropped, also when the test holding it
+    /// fails: a shared fixture is not left with a stalled process for the tests after it.
+    pub fn frozen(&self) -> Thaw<'_> {
+        self.freeze();
+        Thaw(self)
+    }
+
     /// Leaves the process running after this value is gone (a sandbox).
     pub fn detach(self) {
         std::mem::forget(self);
@@ -157,6 +164,15 @@ impl Controller {
             .map(|(_, b)| b.to_string())
             .unwrap_or_default();
         Ok((code, body))
+    }
+}
+
+/// Thaws its process when dropped (see [`Controller::frozen`]).
+pub struct Thaw<'a>(&'a Controller);
+
+impl Drop for Thaw<'_> {
+    fn drop(&mut self) {
+        self.0.thaw();
     }
 }
 

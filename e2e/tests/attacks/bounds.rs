@@ -222,12 +222,8 @@ async fn revocations(w: &World, reason: &str) -> f64 {
     .await
 }
 
-/// The leader's counter `series`, 0 while it has not counted anything.
 async fn counter(w: &World, series: &str) -> f64 {
-    leader_metric_read(&w.leader, series)
-        .await
-        .expect("metrics")
-        .unwrap_or(0.0)
+    leader_counter(&w.leader, series).await
 }
 
 pub(super) async fn deleting_the_agents_service_account_closes_its_tunnel_within_10_s(w: &World) {

@@ -36,9 +36,9 @@ pub(super) async fn one_member_asking_to_attach_in_a_loop_holds_one_turn_and_pus
     // tunnel, a member's attach is paced (a live one's challenge is a proof over a new credential).
     // NB: the replica's own count, not TunnelConnected: two tunnels closing together are a mass
     // close, and the member's condition waits out its grace (45 s) before it says so.
-    for a in agents {
-        a.freeze();
-    }
+    // NB: thawed when these guards go, also if an assertion below fails: the tests after this one
+    // share the fixture and need both tunnels.
+    let frozen = agents.map(|a| a.frozen());
     eventually(
         "the leader closed both frozen agents' tunnels",
         Duration::from_secs(60),
@@ -53,7 +53,8 @@ pub(super) async fn one_member_asking_to_attach_in_a_loop_holds_one_turn_and_pus
     let west = client(w, &minted_agent_token(w, "west").await);
     let east = client(w, &minted_agent_token(w, "east").await);
     let series = "tether_leader_proxy_requests_total{result=\"attach_paced\"}";
-    let paced_before = leader_metric(&w.leader, series).await;
+    // NB: 0 while nothing was paced yet (whether the fixture's own attaches were depends on timing).
+    let paced_before = leader_counter(&w.leader, series).await;
     let started = Instant::now();
     let (mut admitted, mut turns) = (0usize, 0usize);
     for _ in 0..300 {
@@ -77,13 +78,11 @@ pub(super) async fn one_member_asking_to_attach_in_a_loop_holds_one_turn_and_pus
         code == StatusCode::OK || after.is_some_and(|a| a <= 2),
         "east, right after west's 300 asks: {code} after {after:?}"
     );
-    let paced = leader_metric(&w.leader, series).await - paced_before;
+    let paced = leader_counter(&w.leader, series).await - paced_before;
     assert!(paced >= turns as f64, "{paced} turns counted, {turns} seen");
     assert!(turns >= 250, "most of 300 quick asks were turns: {turns}");
     // The fixture back: both agents thawed; they attach again at the pace.
-    for a in agents {
-        a.thaw();
-    }
+    drop(frozen);
     for m in ["east", "west"] {
         wait_tunnel(&w.leader, m, "True").await;
     }
