@@ -117,20 +117,20 @@ pub(super) fn attach(
         }
         // NB: a member with a live tunnel here is proving its key again, never paced.
         if sh.tunnels.get(&m).is_none() {
-            let turn = {
-                let mut pace = sh.pace.lock().unwrap_or_else(|p| p.into_inner());
-                pace.admit(&m, Instant::now())
-                    .map_err(|wait| (wait, pace.turn(&m)))
-            };
-            if let Err((wait, at)) = turn {
+            let admitted = sh
+                .pace
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .admit(&m, Instant::now());
+            if let Err(turn) = admitted {
                 // NB: the member is not blamed for being away until its turn (`health/tunnels.rs`).
-                if let Some(at) = at {
+                if turn.new {
                     sh.ctx
                         .health
-                        .tunnel_turn(at.into_std(), std::time::Instant::now());
+                        .tunnel_turn(turn.at.into_std(), std::time::Instant::now());
                 }
                 sh.ctx.metrics.proxied("attach_paced");
-                return paced(&m, wait);
+                return paced(&m, turn.wait);
             }
         }
         let token = sh.challenges.issue(&m, Purpose::Attach, now);

@@ -33,6 +33,17 @@ const STALE: Duration = Duration::from_secs(60);
 /// How often turns past `STALE` are dropped.
 const SWEEP: Duration = Duration::from_secs(10);
 
+/// A member told to come back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Turn {
+    /// When the member is admitted.
+    pub at: Instant,
+    /// How long that is from now, at most `MOST`.
+    pub wait: Duration,
+    /// Whether this answer gave the turn (false: the member already held it).
+    pub new: bool,
+}
+
 /// The attach pace of one serving term.
 #[derive(Debug)]
 pub struct Pace {
@@ -67,9 +78,8 @@ impl Pace {
         }
     }
 
-    /// Whether member `m` (no live tunnel) may have a challenge at `now`; if not, how long it
-    /// waits for its turn.
-    pub fn admit(&mut self, m: &MemberKey, now: Instant) -> Result<(), Duration> {
+    /// Whether member `m` (no live tunnel) may have a challenge at `now`; if not, its turn.
+    pub fn admit(&mut self, m: &MemberKey, now: Instant) -> Result<(), Turn> {
         if self.slot.is_zero() {
             return Ok(());
         }
@@ -79,7 +89,11 @@ impl Pace {
                 self.turns.remove(m);
                 return Ok(());
             }
-            return Err((turn - now).min(MOST));
+            return Err(Turn {
+                at: turn,
+                wait: (turn - now).min(MOST),
+                new: false,
+            });
         }
         // NB: the schedule never lags `now` by more than the burst: idle time is not saved up.
         let floor = now.checked_sub(self.burst).unwrap_or(now);
@@ -89,7 +103,11 @@ impl Pace {
             return Ok(());
         }
         self.turns.insert(m.clone(), at);
-        Err((at - now).min(MOST))
+        Err(Turn {
+            at,
+            wait: (at - now).min(MOST),
+            new: true,
+        })
     }
 
     /// How many members hold a turn.
@@ -120,6 +138,11 @@ pub fn retry_after(wait: Duration) -> u64 {
 mod tests {
     use super::*;
 
+    /// The wait of a turn, for a table of waits.
+    fn wait(admitted: Result<(), Turn>) -> Result<(), Duration> {
+        admitted.map_err(|t| t.wait)
+    }
+
     fn m(i: usize) -> MemberKey {
         MemberKey {
             namespace: format!("tether-m-{i}"),
@@ -132,7 +155,7 @@ mod tests {
         let mut p = Pace::new(100.0);
         let t0 = Instant::now();
         // 1,000 at once: the first half second's burst at once, then a turn every 10 ms.
-        let waits: Vec<Option<Duration>> = (0..1000).map(|i| p.admit(&m(i), t0).err()).collect();
+        let waits: Vec<Option<Duration>> = (0..1000).map(|i| wait(p.admit(&m(i), t0)).err()).collect();
         let admitted = waits.iter().filter(|w| w.is_none()).count();
         assert_eq!(admitted, 50);
         assert_eq!(waits[50], Some(Duration::from_millis(10)));
@@ -142,20 +165,20 @@ mod tests {
         assert_eq!(p.turn(&m(0)), None);
         // Early: told the time left, the turn kept, nothing moved.
         assert_eq!(
-            p.admit(&m(999), t0 + Duration::from_secs(9)),
+            wait(p.admit(&m(999), t0 + Duration::from_secs(9))),
             Err(Duration::from_millis(500))
         );
         assert_eq!(
-            p.admit(&m(999), t0 + Duration::from_secs(9)),
+            wait(p.admit(&m(999), t0 + Duration::from_secs(9))),
             Err(Duration::from_millis(500))
         );
         // At their turns: admitted, whatever came in between.
-        assert_eq!(p.admit(&m(999), t0 + Duration::from_millis(9500)), Ok(()));
+        assert_eq!(wait(p.admit(&m(999), t0 + Duration::from_millis(9500))), Ok(()));
         assert_eq!(p.turn(&m(999)), None);
-        assert_eq!(p.admit(&m(50), t0 + Duration::from_secs(20)), Ok(()));
+        assert_eq!(wait(p.admit(&m(50), t0 + Duration::from_secs(20))), Ok(()));
         // A newcomer queues behind every turn given.
         assert_eq!(
-            p.admit(&m(5000), t0 + Duration::from_secs(1)),
+            wait(p.admit(&m(5000), t0 + Duration::from_secs(1))),
             Err(Duration::from_millis(8510))
         );
         assert_eq!(p.waiting(), 949);
@@ -169,14 +192,18 @@ mod tests {
             p.admit(&m(i), t0).ok();
         }
         let given = p.admit(&m(5), t0).expect_err("a turn");
+        assert!(given.new);
         for k in 0..10_000 {
-            assert!(p.admit(&m(5), t0 + Duration::from_micros(k)).is_err());
+            let again = p
+                .admit(&m(5), t0 + Duration::from_micros(k))
+                .expect_err("the same turn");
+            assert!(again.at == given.at && !again.new, "{again:?}");
         }
         assert_eq!(p.waiting(), 1);
         // The next member's turn comes right after the spammer's, not 10,000 turns later.
         assert_eq!(
-            p.admit(&m(6), t0).expect_err("a turn"),
-            given + Duration::from_millis(100)
+            wait(p.admit(&m(6), t0)),
+            Err(given.wait + Duration::from_millis(100))
         );
     }
 
@@ -184,32 +211,32 @@ mod tests {
     fn when_quiet_a_burst_is_admitted_at_once_and_idle_time_is_not_saved_up() {
         let mut p = Pace::new(4.0);
         let t0 = Instant::now();
-        assert!(p.admit(&m(0), t0).is_ok() && p.admit(&m(1), t0).is_ok());
-        assert_eq!(p.admit(&m(2), t0), Err(Duration::from_millis(250)));
+        assert!(wait(p.admit(&m(0), t0)).is_ok() && wait(p.admit(&m(1), t0)).is_ok());
+        assert_eq!(wait(p.admit(&m(2), t0)), Err(Duration::from_millis(250)));
         // An hour later: the same burst, not an hour's worth.
         let later = t0 + Duration::from_secs(3600);
-        let admitted = (10..20).filter(|&i| p.admit(&m(i), later).is_ok()).count();
+        let admitted = (10..20).filter(|&i| wait(p.admit(&m(i), later)).is_ok()).count();
         assert_eq!(admitted, 2);
         // Unpaced: everyone, always.
         let mut off = Pace::new(0.0);
-        assert!((0..10_000).all(|i| off.admit(&m(i), t0).is_ok()));
+        assert!((0..10_000).all(|i| wait(off.admit(&m(i), t0)).is_ok()));
         assert_eq!(off.waiting(), 0);
         // Under one a second: one at once, then a turn per slot.
         let mut slow = Pace::new(0.5);
-        assert!(slow.admit(&m(0), t0).is_ok());
-        assert_eq!(slow.admit(&m(1), t0), Err(Duration::from_secs(2)));
-        assert_eq!(slow.admit(&m(2), t0), Err(Duration::from_secs(4)));
+        assert!(wait(slow.admit(&m(0), t0)).is_ok());
+        assert_eq!(wait(slow.admit(&m(1), t0)), Err(Duration::from_secs(2)));
+        assert_eq!(wait(slow.admit(&m(2), t0)), Err(Duration::from_secs(4)));
     }
 
     #[test]
     fn a_turn_far_out_is_told_at_most_two_minutes_and_one_nobody_came_back_for_is_dropped() {
         let mut p = Pace::new(1.0);
         let t0 = Instant::now();
-        let waits: Vec<Duration> = (0..300).filter_map(|i| p.admit(&m(i), t0).err()).collect();
+        let waits: Vec<Duration> = (0..300).filter_map(|i| wait(p.admit(&m(i), t0)).err()).collect();
         assert_eq!(waits.last(), Some(&MOST));
         assert_eq!(p.waiting(), 299);
         // Far past every turn and STALE: a sweep drops them all.
-        p.admit(&m(1000), t0 + Duration::from_secs(400)).ok();
+        wait(p.admit(&m(1000), t0 + Duration::from_secs(400))).ok();
         assert_eq!(p.waiting(), 0);
         assert_eq!(retry_after(Duration::from_millis(10)), 1);
         assert_eq!(retry_after(Duration::from_secs(3)), 3);
