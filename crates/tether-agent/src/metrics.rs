@@ -19,6 +19,9 @@ struct ErrorLabel {
     error: &'static str,
 }
 
+/// The results of tunnel attaches and key proofs.
+const ATTACH_RESULTS: [&str; 5] = ["attached", "proven", "paced", "refused", "unreachable"];
+
 /// Every metric of the agent, cheap to clone.
 #[derive(Clone)]
 pub struct Metrics {
@@ -94,8 +97,10 @@ impl Default for Metrics {
         );
         registry.register(
             "tunnel_attaches",
-            "Tunnel attaches and key proofs, by result (attached, proven, paced, refused, unreachable, \
-             bad_challenge)",
+            format!(
+                "Tunnel attaches and key proofs, by result ({})",
+                ATTACH_RESULTS.join(", ")
+            ),
             m.attaches.clone(),
         );
         registry.register(
@@ -115,6 +120,15 @@ impl Default for Metrics {
             "When a heartbeat last reached the leader (Unix seconds; 0 before the first)",
             m.last_heartbeat.clone(),
         );
+        // NB: the series that alerts watch exist from the start at 0, so that an alert's
+        // `increase()` sees the first failure.
+        for result in ["ok", "failed"] {
+            let _ = m.heartbeats.get_or_create(&ResultLabel { result });
+            let _ = m.renewals.get_or_create(&ResultLabel { result });
+        }
+        for result in ATTACH_RESULTS {
+            let _ = m.attaches.get_or_create(&ResultLabel { result });
+        }
         registry.register(
             "session_failures",
             "Member sessions that failed and start again, by what failed (the error's label: \
@@ -228,6 +242,8 @@ mod tests {
             "tether_agent_heartbeats_total{result=\"failed\"} 1",
             "tether_agent_leader_reachable 0",
             "tether_agent_status_writes_total 1",
+            "tether_agent_credential_renewals_total{result=\"failed\"} 0",
+            "tether_agent_tunnel_attaches_total{result=\"refused\"} 0",
         ] {
             assert!(text.contains(want), "missing {want} in\n{text}");
         }

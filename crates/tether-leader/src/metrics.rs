@@ -51,6 +51,35 @@ struct ReasonLabel {
     reason: &'static str,
 }
 
+/// Every result of a request to the member proxy API, and every reason a tunnel is revoked: each
+/// series exists from the start at 0, so that an alert's `increase()` sees the first count.
+pub const PROXY_RESULTS: [&str; 17] = [
+    "ok",
+    "upgraded",
+    "no_tunnel",
+    "tunnel_error",
+    "unauthenticated",
+    "attach_forbidden",
+    "attach_unproven",
+    "attach_renewed",
+    "attach_paced",
+    "proof_malformed",
+    "proof_forged",
+    "proof_expired",
+    "proof_reused",
+    "rejoin_challenge",
+    "rejoined",
+    "rejoin_refused",
+    "rejoin_error",
+];
+/// See [`PROXY_RESULTS`].
+pub const REVOCATION_REASONS: [&str; 4] = [
+    "member_removed",
+    "key_changed",
+    "identity_deleted",
+    "credential_expired",
+];
+
 /// Every metric of the leader, cheap to clone.
 #[derive(Clone)]
 pub struct Metrics {
@@ -101,9 +130,15 @@ impl Default for Metrics {
             "Writes of members' ClusterProfiles, by operation (apply, status, delete): none at steady state",
             inventory_writes.clone(),
         );
-        // NB: both series exist from the start, so that an alert on `failed` sees its first rise.
+        // NB: these series exist from the start, so that an alert on one sees its first rise.
         for result in ["renewed", "failed"] {
             let _ = cert_renewals.get_or_create(&ResultLabel { result });
+        }
+        for result in PROXY_RESULTS {
+            let _ = proxied.get_or_create(&ResultLabel { result });
+        }
+        for reason in REVOCATION_REASONS {
+            let _ = tunnel_revocations.get_or_create(&ReasonLabel { reason });
         }
         registry.register(
             "proxy_certificate_expiry_timestamp_seconds",
@@ -122,8 +157,10 @@ impl Default for Metrics {
         );
         registry.register(
             "proxy_requests",
-            "Requests to the member proxy API, by result (ok, upgraded, no_tunnel, tunnel_error, unauthenticated, \
-             attach_forbidden, attach_unproven, attach_renewed, attach_paced, rejoin_challenge, rejoined, rejoin_refused, rejoin_error)",
+            format!(
+                "Requests to the member proxy API, by result ({})",
+                PROXY_RESULTS.join(", ")
+            ),
             proxied.clone(),
         );
         registry.register(
@@ -133,8 +170,10 @@ impl Default for Metrics {
         );
         registry.register(
             "tunnel_revocations",
-            "Member tunnels closed because what they were proven with no longer holds, by reason \
-             (member_removed, key_changed, identity_deleted, credential_expired)",
+            format!(
+                "Member tunnels closed because what they were proven with no longer holds, by reason ({})",
+                REVOCATION_REASONS.join(", ")
+            ),
             tunnel_revocations.clone(),
         );
         registry.register(
@@ -406,89 +445,4 @@ impl Metrics {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn member_ready_follows_the_cache_and_is_off_unless_asked() {
-        use kube::runtime::watcher::Event;
-        let member = |name: &str, ready: &str| {
-            let mut mc = ManagedCluster::new(
-                name,
-                tether_api::ManagedClusterSpec {
-                    cluster_id: format!("id-{name}"),
-                    cluster_set: "prod".into(),
-                },
-            );
-            mc.metadata.namespace = Some(format!("tether-prod-{name}"));
-            mc.status = Some(tether_api::ManagedClusterStatus {
-                conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-                    type_: "Ready".into(),
-                    status: ready.into(),
-                    reason: "HeartbeatReceived".into(),
-                    message: String::new(),
-                    last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-                    ),
-                    observed_generation: None,
-                }],
-                ..Default::default()
-            });
-            mc
-        };
-        let (store, mut writer) = kube::runtime::reflector::store::<ManagedCluster>();
-        writer.apply_watcher_event(&Event::Apply(member("east", "True")));
-        writer.apply_watcher_event(&Event::Apply(member("west", "Unknown")));
-        let off = Metrics::default();
-        off.follow_members(store.clone());
-        assert!(!off.encode().contains("member_ready"), "off by default");
-
-        let on = Metrics::default().with_member_ready();
-        on.follow_members(store);
-        let text = on.encode();
-        assert!(text.ends_with("# EOF\n"), "{text}");
-        for want in [
-            "tether_leader_member_ready{clusterset=\"prod\",namespace=\"tether-prod-east\",member=\"east\"} 1",
-            "tether_leader_member_ready{clusterset=\"prod\",namespace=\"tether-prod-west\",member=\"west\"} 0",
-        ] {
-            assert!(text.contains(want), "missing {want} in\n{text}");
-        }
-        writer.apply_watcher_event(&Event::Delete(member("west", "Unknown")));
-        assert!(
-            !on.encode().contains("member=\"west\""),
-            "a removed member's series goes"
-        );
-    }
-
-    #[test]
-    fn encodes_every_family_with_its_labels() {
-        let m = Metrics::default();
-        m.registrations("Approved");
-        m.set_members(
-            "prod",
-            &MemberCounts {
-                total: 3,
-                ready: 2,
-                not_ready: 1,
-                pending: 0,
-            },
-        );
-        m.heartbeat(Duration::from_secs(10));
-        drop(m.reconcile_timer("member"));
-        m.set_proxy_cert_expiry(1_800_000_000);
-        m.proxy_cert_renewal("failed");
-        let text = m.encode();
-        for want in [
-            "tether_leader_registrations_total{result=\"Approved\"} 1",
-            "tether_leader_members{clusterset=\"prod\",state=\"ready\"} 2",
-            "tether_leader_heartbeat_age_seconds_count 1",
-            "tether_leader_reconcile_duration_seconds_count{controller=\"member\"} 1",
-            "tether_leader_is_leader 0",
-            "tether_leader_proxy_certificate_expiry_timestamp_seconds 1800000000",
-            "tether_leader_proxy_certificate_renewals_total{result=\"failed\"} 1",
-            "tether_leader_proxy_certificate_renewals_total{result=\"renewed\"} 0",
-        ] {
-            assert!(text.contains(want), "missing {want} in\n{text}");
-        }
-    }
-}
+mod tests;

@@ -136,7 +136,10 @@ pub fn report(o: &Outcome) -> String {
         "failover: attaches told to wait for a turn",
         format!("{:.0}", f.paced),
     );
-    line("failover: live members marked Unknown", f.marked.to_string());
+    line(
+        "failover: live members marked Unknown or False",
+        f.marked.to_string(),
+    );
     line(
         "failover: live members whose Ready changed at all",
         f.moved.to_string(),

@@ -145,3 +145,90 @@ fn the_alerts_and_the_dashboard_lint() {
     let o = promlint("dashboard", &board);
     assert!(!o.status.success(), "{}", out(&o));
 }
+
+/// The `tether_` selectors of `expr`: each metric name with its `label="value"` matchers, and
+/// each value of a `label=~"a|b"` one (negative matchers name nothing that must exist).
+fn selectors(expr: &str) -> Vec<(String, Vec<(String, String)>)> {
+    let mut found = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("tether_") {
+        rest = &rest[at..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        let name = rest[..end].to_string();
+        rest = &rest[end..];
+        let mut matchers = Vec::new();
+        if let Some(inner) = rest.strip_prefix('{').and_then(|r| r.split_once('}')) {
+            for m in inner.0.split(',') {
+                let (label, value) = match m.split_once("=~") {
+                    Some((l, v)) => (l, v),
+                    None if m.contains("!=") || m.contains("!~") => continue,
+                    None => match m.split_once('=') {
+                        Some(lv) => lv,
+                        None => continue,
+                    },
+                };
+                for v in value.trim().trim_matches('"').split('|') {
+                    matchers.push((label.trim().to_string(), v.to_string()));
+                }
+            }
+            rest = inner.1;
+        }
+        found.push((name, matchers));
+    }
+    found
+}
+
+/// Every series an alert selects on is exposed by its component from the start: its family, and
+/// for a `result` or `reason` label each value it names at 0. So `increase()` sees the first
+/// failure (a series born at 1 shows no increase), and an alert on a result nothing counts is
+/// caught. (Per-set and per-member labels exist once there is a set or a member.)
+#[test]
+fn every_series_an_alert_selects_is_exposed_from_the_start() {
+    let on = ["--set", "prometheusRule.enabled=true"];
+    let per_member = [
+        "--set",
+        "prometheusRule.enabled=true",
+        "--set",
+        "memberMetrics=true",
+    ];
+    // NB: a family shows only once it has a series; `documented()` has one of every family.
+    let leader = (
+        tether_leader::metrics::Metrics::documented().encode(),
+        tether_leader::metrics::Metrics::default().encode(),
+    );
+    let agent = (
+        tether_agent::metrics::Metrics::documented().encode(),
+        tether_agent::metrics::Metrics::default().encode(),
+    );
+    let mut checked = 0;
+    for (chart, name, extra, (families, text)) in [
+        ("charts/tether-leader", "tether-leader", &on[..], &leader),
+        ("charts/tether-leader", "tether-leader", &per_member[..], &leader),
+        ("charts/tether-agent", "tether-agent", &on[..], &agent),
+    ] {
+        let docs = render(chart, extra);
+        let rule = kind(&docs, "PrometheusRule", name);
+        for r in rule["spec"]["groups"][0]["rules"].as_array().expect("rules") {
+            let expr = r["expr"].as_str().expect("expr");
+            for (metric, matchers) in selectors(expr) {
+                let family = metric.strip_suffix("_total").unwrap_or(&metric);
+                assert!(
+                    families.contains(&format!("# TYPE {family} ")),
+                    "{chart}: {metric} in {expr:?} is not a metric of the component:\n{families}"
+                );
+                for (label, value) in matchers.iter().filter(|(l, _)| l == "result" || l == "reason") {
+                    let series = format!("{metric}{{{label}=\"{value}\"}} 0");
+                    assert!(
+                        text.lines().any(|l| l == series),
+                        "{chart}: {expr:?} selects {series}, which is not exposed from the start:\n{text}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    // The selectors are read: both failure alerts' series were checked.
+    assert!(checked >= 3, "{checked} series checked");
+}
