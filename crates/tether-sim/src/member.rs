@@ -126,9 +126,12 @@ impl Member {
         let mut attached = self.link.attached();
         let mut following = true;
         // NB: the first beat is a random point of an interval: as if the last was one before.
-        let first = self.interval().mul_f64(rand_fraction(&self.name));
+        // NB: one reading of the interval: the tunnel may attach between two, and a shorter
+        // second one would make the subtraction underflow.
+        let interval = self.interval();
+        let first = interval.mul_f64(rand_fraction(&self.name));
         let mut last_beat = Instant::now()
-            .checked_sub(self.interval() - first)
+            .checked_sub(interval.saturating_sub(first))
             .unwrap_or_else(Instant::now);
         let mut next_beat = Instant::now() + first;
         let mut next_renewal = Instant::now() + renewal_delay(&self.stored, Timestamp::now());

@@ -58,7 +58,7 @@ pub(super) async fn a_peer_without_the_front_proxy_certificate_gets_health_only_
 
 pub(super) async fn six_hundred_idle_connections_are_closed_within_30_s_without_a_restart(w: &World) {
     let pid = w.leader.controller.pid();
-    let refused_before = counter(w, "tether_leader_proxy_connections_refused_total").await;
+    let refused_before = leader_counter(&w.leader, "tether_leader_proxy_connections_refused_total").await;
     let started = Instant::now();
     let mut conns = Vec::new();
     for _ in 0..600 {
@@ -79,7 +79,7 @@ pub(super) async fn six_hundred_idle_connections_are_closed_within_30_s_without_
     let last = closed.iter().flatten().max().copied().unwrap_or_default();
     eprintln!("600 idle connections opened in {opened:?}; all closed by {last:?}, {open} still open at 30 s");
     assert_eq!(open, 0, "idle connections held past 30 s");
-    let refused = counter(w, "tether_leader_proxy_connections_refused_total").await;
+    let refused = leader_counter(&w.leader, "tether_leader_proxy_connections_refused_total").await;
     assert!(
         refused - refused_before >= (600 - MAX_CONNECTIONS) as f64,
         "past the cap of {MAX_CONNECTIONS}, connections are closed at once: {refused_before} → {refused}"
@@ -215,15 +215,8 @@ async fn revoked(w: &World, reason: &str, before: f64, since: Instant) -> Durati
 }
 
 async fn revocations(w: &World, reason: &str) -> f64 {
-    counter(
-        w,
-        &format!("tether_leader_tunnel_revocations_total{{reason=\"{reason}\"}}"),
-    )
-    .await
-}
-
-async fn counter(w: &World, series: &str) -> f64 {
-    leader_counter(&w.leader, series).await
+    let series = format!("tether_leader_tunnel_revocations_total{{reason=\"{reason}\"}}");
+    leader_counter(&w.leader, &series).await
 }
 
 pub(super) async fn deleting_the_agents_service_account_closes_its_tunnel_within_10_s(w: &World) {
