@@ -13,6 +13,9 @@ use prometheus_client::registry::Registry;
 use tether_api::ManagedCluster;
 use tether_api::clusterset::MemberCounts;
 
+mod labels;
+pub use labels::{Proxied, Revoked};
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: &'static str,
@@ -50,35 +53,6 @@ struct OpLabel {
 struct ReasonLabel {
     reason: &'static str,
 }
-
-/// Every result of a request to the member proxy API, and every reason a tunnel is revoked: each
-/// series exists from the start at 0, so that an alert's `increase()` sees the first count.
-pub const PROXY_RESULTS: [&str; 17] = [
-    "ok",
-    "upgraded",
-    "no_tunnel",
-    "tunnel_error",
-    "unauthenticated",
-    "attach_forbidden",
-    "attach_unproven",
-    "attach_renewed",
-    "attach_paced",
-    "proof_malformed",
-    "proof_forged",
-    "proof_expired",
-    "proof_reused",
-    "rejoin_challenge",
-    "rejoined",
-    "rejoin_refused",
-    "rejoin_error",
-];
-/// See [`PROXY_RESULTS`].
-pub const REVOCATION_REASONS: [&str; 4] = [
-    "member_removed",
-    "key_changed",
-    "identity_deleted",
-    "credential_expired",
-];
 
 /// Every metric of the leader, cheap to clone.
 #[derive(Clone)]
@@ -134,11 +108,15 @@ impl Default for Metrics {
         for result in ["renewed", "failed"] {
             let _ = cert_renewals.get_or_create(&ResultLabel { result });
         }
-        for result in PROXY_RESULTS {
-            let _ = proxied.get_or_create(&ResultLabel { result });
+        for result in Proxied::ALL {
+            let _ = proxied.get_or_create(&ResultLabel {
+                result: result.label(),
+            });
         }
-        for reason in REVOCATION_REASONS {
-            let _ = tunnel_revocations.get_or_create(&ReasonLabel { reason });
+        for reason in Revoked::ALL {
+            let _ = tunnel_revocations.get_or_create(&ReasonLabel {
+                reason: reason.label(),
+            });
         }
         registry.register(
             "proxy_certificate_expiry_timestamp_seconds",
@@ -159,7 +137,7 @@ impl Default for Metrics {
             "proxy_requests",
             format!(
                 "Requests to the member proxy API, by result ({})",
-                PROXY_RESULTS.join(", ")
+                Proxied::ALL.map(Proxied::label).join(", ")
             ),
             proxied.clone(),
         );
@@ -172,7 +150,7 @@ impl Default for Metrics {
             "tunnel_revocations",
             format!(
                 "Member tunnels closed because what they were proven with no longer holds, by reason ({})",
-                REVOCATION_REASONS.join(", ")
+                Revoked::ALL.map(Revoked::label).join(", ")
             ),
             tunnel_revocations.clone(),
         );
@@ -280,10 +258,10 @@ impl Metrics {
         m.heartbeat(Duration::from_secs(10));
         m.set_leader(true);
         m.set_tunnels(0);
-        m.proxied("ok");
+        m.proxied(Proxied::Ok);
         m.set_proxy_cert_expiry(0);
         m.tunnel_replaced();
-        m.tunnel_revoked("member_removed");
+        m.tunnel_revoked(Revoked::MemberRemoved);
         m.proxy_connection(0);
         m.proxy_connection_refused();
         m.inventory_write("apply");
@@ -349,9 +327,13 @@ impl Metrics {
         self.tunnels.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
-    /// Counts a request to the member proxy API by result (`ok`, `no_tunnel`, ...).
-    pub fn proxied(&self, result: &'static str) {
-        self.proxied.get_or_create(&ResultLabel { result }).inc();
+    /// Counts a request to the member proxy API by result.
+    pub fn proxied(&self, result: Proxied) {
+        self.proxied
+            .get_or_create(&ResultLabel {
+                result: result.label(),
+            })
+            .inc();
     }
 
     /// Records when the served proxy certificate expires (Unix seconds; 0: not serving).
@@ -370,9 +352,11 @@ impl Metrics {
     }
 
     /// Counts a tunnel closed because it was revoked.
-    pub fn tunnel_revoked(&self, reason: &'static str) {
+    pub fn tunnel_revoked(&self, reason: Revoked) {
         self.tunnel_revocations
-            .get_or_create(&ReasonLabel { reason })
+            .get_or_create(&ReasonLabel {
+                reason: reason.label(),
+            })
             .inc();
     }
 

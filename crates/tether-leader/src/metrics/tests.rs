@@ -87,21 +87,32 @@ fn encodes_every_family_with_its_labels() {
 fn every_proxy_result_and_revocation_reason_is_exposed_from_the_start() {
     use crate::proxy::challenge::Refused;
     let text = Metrics::default().encode();
-    for result in PROXY_RESULTS {
-        let want = format!("tether_leader_proxy_requests_total{{result=\"{result}\"}} 0");
+    for result in Proxied::ALL {
+        let want = format!(
+            "tether_leader_proxy_requests_total{{result=\"{}\"}} 0",
+            result.label()
+        );
         assert!(text.contains(&want), "missing {want} in\n{text}");
     }
-    for reason in REVOCATION_REASONS {
-        let want = format!("tether_leader_tunnel_revocations_total{{reason=\"{reason}\"}} 0");
+    for reason in Revoked::ALL {
+        let want = format!(
+            "tether_leader_tunnel_revocations_total{{reason=\"{}\"}} 0",
+            reason.label()
+        );
         assert!(text.contains(&want), "missing {want} in\n{text}");
     }
-    // A refused attach proof is counted under its own label: listed too.
+    // Each label once (two variants under one label would hide one), and every refused proof
+    // listed.
+    let labels: std::collections::HashSet<_> = Proxied::ALL.map(Proxied::label).into_iter().collect();
+    assert_eq!(labels.len(), Proxied::ALL.len());
+    let reasons: std::collections::HashSet<_> = Revoked::ALL.map(Revoked::label).into_iter().collect();
+    assert_eq!(reasons.len(), Revoked::ALL.len());
     for refused in [
         Refused::Malformed,
         Refused::Forged,
         Refused::Expired,
         Refused::Reused,
     ] {
-        assert!(PROXY_RESULTS.contains(&refused.label()), "{refused:?}");
+        assert!(Proxied::ALL.contains(&Proxied::Refused(refused)), "{refused:?}");
     }
 }

@@ -29,6 +29,7 @@ use super::shared::{Shared, json, member_cluster, registered_key, unix_now};
 use super::tunnels::{Carrier, Line, MemberKey};
 use crate::Context;
 use crate::health::Close;
+use crate::metrics::Proxied;
 use crate::naming::AGENT_SERVICE_ACCOUNT;
 
 /// The leader policy of member `mc`'s set (the defaults if the set is gone).
@@ -59,7 +60,7 @@ pub(super) fn attach(
     let agent = format!("system:serviceaccount:{}:{AGENT_SERVICE_ACCOUNT}", m.namespace);
     if caller.user != agent {
         warn!(member = %m.name, namespace = %m.namespace, user = %caller.user, "Refused a tunnel from another identity");
-        sh.ctx.metrics.proxied("attach_forbidden");
+        sh.ctx.metrics.proxied(Proxied::AttachForbidden);
         return status(
             StatusCode::FORBIDDEN,
             &format!(
@@ -77,7 +78,7 @@ pub(super) fn attach(
     match sh.identities.present(&m.namespace) {
         Some(true) => {}
         Some(false) => {
-            sh.ctx.metrics.proxied("attach_forbidden");
+            sh.ctx.metrics.proxied(Proxied::AttachForbidden);
             return status(
                 StatusCode::FORBIDDEN,
                 &format!(
@@ -94,7 +95,7 @@ pub(super) fn attach(
         }
     }
     let Some(key) = registered_key(&mc).map(str::to_string) else {
-        sh.ctx.metrics.proxied("attach_unproven");
+        sh.ctx.metrics.proxied(Proxied::AttachUnproven);
         return status(
             StatusCode::FORBIDDEN,
             &format!("member {} has no registered key; it must register again", m.name),
@@ -103,7 +104,7 @@ pub(super) fn attach(
     let now = unix_now();
     let Some(given) = req.headers().get(ATTACH_PROOF) else {
         if upgrade.is_some() {
-            sh.ctx.metrics.proxied("attach_unproven");
+            sh.ctx.metrics.proxied(Proxied::AttachUnproven);
             warn!(member = %m.name, namespace = %m.namespace, "Refused a tunnel without a proof of the member's key");
             return status(
                 StatusCode::FORBIDDEN,
@@ -129,7 +130,7 @@ pub(super) fn attach(
                         .health
                         .tunnel_turn(turn.at.into_std(), std::time::Instant::now());
                 }
-                sh.ctx.metrics.proxied("attach_paced");
+                sh.ctx.metrics.proxied(Proxied::AttachPaced);
                 return paced(&m, turn.wait);
             }
         }
@@ -147,7 +148,7 @@ pub(super) fn attach(
         _ => Err(Refused::Malformed),
     };
     if let Err(why) = redeemed {
-        sh.ctx.metrics.proxied(why.label());
+        sh.ctx.metrics.proxied(Proxied::Refused(why));
         warn!(member = %m.name, namespace = %m.namespace, reason = why.label(), "Refused an attach proof");
         return super::rejoin::refused_proof(&m, why);
     }
@@ -158,7 +159,7 @@ pub(super) fn attach(
     let deadline = tokio::time::Instant::now() + lifetime;
     if upgrade.is_none() {
         return if sh.tunnels.renew(&m, &key, deadline) {
-            sh.ctx.metrics.proxied("attach_renewed");
+            sh.ctx.metrics.proxied(Proxied::AttachRenewed);
             debug!(member = %m.name, seconds = lifetime.as_secs(), "Tunnel proven again");
             json(&serde_json::json!(Renewed {
                 seconds: lifetime.as_secs()

@@ -25,6 +25,7 @@ use tracing::{info, warn};
 use super::challenge::{Purpose, Refused};
 use super::shared::{Shared, json, member_cluster, registered_key, unix_now};
 use super::tunnels::MemberKey;
+use crate::metrics::Proxied;
 use crate::registration::mint_credential;
 
 /// The member `m` and the key it may rejoin with, when it may: the leader made it, it is not
@@ -58,7 +59,7 @@ pub(super) async fn rejoin(req: Request<Incoming>, m: MemberKey, sh: &Arc<Shared
         // `m` may rejoin: only its key holder can tell them apart.
         let key = member.as_ref().map_or(sh.decoy.as_str(), |(_, k, _)| k.as_str());
         let token = sh.challenges.issue(&m, Purpose::Rejoin, now);
-        sh.ctx.metrics.proxied("rejoin_challenge");
+        sh.ctx.metrics.proxied(Proxied::RejoinChallenge);
         return match tether_seal::seal_text(&proof::plaintext(&m.namespace, &m.name, &token), key) {
             Ok(sealed) => json(&serde_json::json!(Challenge { sealed })),
             Err(e) => status(
@@ -72,7 +73,7 @@ pub(super) async fn rejoin(req: Request<Incoming>, m: MemberKey, sh: &Arc<Shared
         _ => "",
     };
     if let Err(why) = sh.challenges.redeem(&m, Purpose::Rejoin, given, now) {
-        sh.ctx.metrics.proxied(why.label());
+        sh.ctx.metrics.proxied(Proxied::Refused(why));
         warn!(member = %m.name, namespace = %m.namespace, reason = why.label(), "Refused a rejoin proof");
         return refused_proof(&m, why);
     }
@@ -85,7 +86,7 @@ pub(super) async fn rejoin(req: Request<Incoming>, m: MemberKey, sh: &Arc<Shared
     // NB: a valid proof came from a challenge sealed to the registered key, so the member was
     // eligible a moment ago; it may have been removed or banned since.
     let Some((mc, key, ttl)) = member else {
-        sh.ctx.metrics.proxied("rejoin_refused");
+        sh.ctx.metrics.proxied(Proxied::RejoinRefused);
         return status(
             StatusCode::FORBIDDEN,
             &format!(
@@ -97,7 +98,7 @@ pub(super) async fn rejoin(req: Request<Incoming>, m: MemberKey, sh: &Arc<Shared
     match sh.identities.present(&m.namespace) {
         Some(true) => {}
         Some(false) => {
-            sh.ctx.metrics.proxied("rejoin_refused");
+            sh.ctx.metrics.proxied(Proxied::RejoinRefused);
             return status(
                 StatusCode::FORBIDDEN,
                 &format!(
@@ -115,7 +116,7 @@ pub(super) async fn rejoin(req: Request<Incoming>, m: MemberKey, sh: &Arc<Shared
     let (credential, expiry) = match mint_credential(&sh.ctx, &m.namespace, ttl).await {
         Ok(c) => c,
         Err(e) => {
-            sh.ctx.metrics.proxied("rejoin_error");
+            sh.ctx.metrics.proxied(Proxied::RejoinError);
             warn!(member = %m.name, error = &e as &dyn std::error::Error, "Cannot mint a rejoin credential");
             return unavailable(&format!("cannot mint a credential: {e}"));
         }
@@ -129,7 +130,7 @@ pub(super) async fn rejoin(req: Request<Incoming>, m: MemberKey, sh: &Arc<Shared
             );
         }
     };
-    sh.ctx.metrics.proxied("rejoined");
+    sh.ctx.metrics.proxied(Proxied::Rejoined);
     sh.ctx.metrics.registrations("Rejoined");
     info!(member = %m.name, namespace = %m.namespace, cluster_id = %mc.spec.cluster_id, expires = %expiry.0,
           "Member rejoined with its registered key");

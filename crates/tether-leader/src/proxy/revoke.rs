@@ -26,6 +26,7 @@ use super::identities::Identities;
 use super::shared::registered_key;
 use super::tunnels::{Live, MemberKey, Tunnels};
 use crate::Context;
+use crate::metrics::Revoked;
 use crate::naming::AGENT_SERVICE_ACCOUNT;
 
 /// How often every live tunnel is checked against the caches.
@@ -38,46 +39,31 @@ pub fn verdict(
     mc: Option<&ManagedCluster>,
     identity: Option<bool>,
     now: Instant,
-) -> Option<&'static str> {
+) -> Option<Revoked> {
     let Some(mc) = mc.filter(|mc| mc.meta().deletion_timestamp.is_none()) else {
-        return Some("member_removed");
+        return Some(Revoked::MemberRemoved);
     };
     if registered_key(mc) != Some(live.key.as_str()) {
-        return Some("key_changed");
+        return Some(Revoked::KeyChanged);
     }
     if identity == Some(false) {
-        return Some("identity_deleted");
+        return Some(Revoked::IdentityDeleted);
     }
-    (live.deadline <= now).then_some("credential_expired")
-}
-
-/// What each reason tells the member's admin.
-fn explain(reason: &str) -> &'static str {
-    match reason {
-        "member_removed" => "the member was removed",
-        "key_changed" => "the member registered another key",
-        "identity_deleted" => {
-            "the member's agent ServiceAccount was deleted or recreated (its tokens are void)"
-        }
-        "credential_expired" => {
-            "the credential it attached with expired without a new proof of the member's key"
-        }
-        _ => "what it was proven with no longer holds",
-    }
+    (live.deadline <= now).then_some(Revoked::CredentialExpired)
 }
 
 /// Closes `member`'s tunnel for `reason`, counts it and tells the member's admin.
-async fn revoke(ctx: &Context, tunnels: &Tunnels, member: &MemberKey, reason: &'static str) {
+async fn revoke(ctx: &Context, tunnels: &Tunnels, member: &MemberKey, reason: Revoked) {
     if !tunnels.revoke(member) {
         return;
     }
     ctx.metrics.tunnel_revoked(reason);
-    warn!(member = %member.name, namespace = %member.namespace, reason, "Closed a revoked tunnel");
+    warn!(member = %member.name, namespace = %member.namespace, reason = reason.label(), "Closed a revoked tunnel");
     let mc = ctx
         .clusters
         .get(&ObjectRef::new(&member.name).within(&member.namespace));
     if let Some(mc) = mc.filter(|mc| mc.meta().deletion_timestamp.is_none()) {
-        let note = format!("the tunnel was closed: {}", explain(reason));
+        let note = format!("the tunnel was closed: {}", reason.explain());
         crate::write::event(
             ctx,
             &*mc,
@@ -166,7 +152,7 @@ pub async fn follow_identities(ctx: Arc<Context>, tunnels: Arc<Tunnels>, identit
         }
         for live in tunnels.snapshot() {
             if gone.contains(&live.member.namespace) {
-                revoke(&ctx, &tunnels, &live.member, "identity_deleted").await;
+                revoke(&ctx, &tunnels, &live.member, Revoked::IdentityDeleted).await;
             }
         }
     }
@@ -212,36 +198,36 @@ mod tests {
             Option<ManagedCluster>,
             Option<bool>,
             Instant,
-            Option<&'static str>,
+            Option<Revoked>,
         );
         let table: [Case; 9] = [
             (Some(mc(Some("age1old"), false)), Some(true), now, None),
             (Some(mc(Some("age1old"), false)), None, now, None),
-            (None, Some(true), now, Some("member_removed")),
+            (None, Some(true), now, Some(Revoked::MemberRemoved)),
             (
                 Some(mc(Some("age1old"), true)),
                 Some(true),
                 now,
-                Some("member_removed"),
+                Some(Revoked::MemberRemoved),
             ),
             (
                 Some(mc(Some("age1new"), false)),
                 Some(true),
                 now,
-                Some("key_changed"),
+                Some(Revoked::KeyChanged),
             ),
-            (Some(mc(None, false)), Some(true), now, Some("key_changed")),
+            (Some(mc(None, false)), Some(true), now, Some(Revoked::KeyChanged)),
             (
                 Some(mc(Some("age1old"), false)),
                 Some(false),
                 now,
-                Some("identity_deleted"),
+                Some(Revoked::IdentityDeleted),
             ),
             (
                 Some(mc(Some("age1old"), false)),
                 Some(true),
                 now + Duration::from_secs(61),
-                Some("credential_expired"),
+                Some(Revoked::CredentialExpired),
             ),
             (
                 Some(mc(Some("age1old"), false)),

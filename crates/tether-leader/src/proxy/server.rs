@@ -29,6 +29,7 @@ use super::frontproxy::FrontProxy;
 use super::shared::{Shared, json, member_cluster, registered_key};
 use super::tunnels::MemberKey;
 use super::{attach, rejoin};
+use crate::metrics::Proxied;
 
 /// How long a request waits for an idle tunnel to start HTTP/2 (one round trip to its agent).
 const START_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
@@ -48,12 +49,12 @@ pub async fn handle(
     let front = match front {
         Ok(front) => front,
         Err(why) => {
-            sh.ctx.metrics.proxied("unauthenticated");
+            sh.ctx.metrics.proxied(Proxied::Unauthenticated);
             return Ok(status(StatusCode::UNAUTHORIZED, &why));
         }
     };
     let Some(caller) = front.caller(req.headers()) else {
-        sh.ctx.metrics.proxied("unauthenticated");
+        sh.ctx.metrics.proxied(Proxied::Unauthenticated);
         return Ok(status(StatusCode::UNAUTHORIZED, "the front proxy named no user"));
     };
     Ok(match r {
@@ -101,7 +102,7 @@ async fn proxy(
     sh: &Arc<Shared>,
 ) -> Response<Body> {
     let Some(mut line) = sh.tunnels.get(&m) else {
-        sh.ctx.metrics.proxied("no_tunnel");
+        sh.ctx.metrics.proxied(Proxied::NoTunnel);
         let why = if known(&sh.ctx.clusters, &m) {
             format!(
                 "member {} is not reachable: its agent has no tunnel to this leader (the agent is \
@@ -136,11 +137,11 @@ async fn proxy(
     debug!(member = %m.name, user = %caller.user, method = %parts.method, path, pass_through = has_member_credential, "Proxying");
     // NB: an idle tunnel starts HTTP/2 now; its agent confirms within one round trip.
     let Ok(Some(mut send)) = tokio::time::timeout(START_WITHIN, line.sender()).await else {
-        sh.ctx.metrics.proxied("tunnel_error");
+        sh.ctx.metrics.proxied(Proxied::TunnelError);
         return tunnel_failed(&m, "the tunnel closed before it carried the request");
     };
     if send.ready().await.is_err() {
-        sh.ctx.metrics.proxied("tunnel_error");
+        sh.ctx.metrics.proxied(Proxied::TunnelError);
         return tunnel_failed(&m, "the tunnel closed");
     }
     let Some(protocol) = upgrade else {
@@ -149,13 +150,13 @@ async fn proxy(
             .await;
         return match resp {
             Ok(r) => {
-                sh.ctx.metrics.proxied("ok");
+                sh.ctx.metrics.proxied(Proxied::Ok);
                 let mut out = relay::answer(r, Hop::Caller);
                 recipient(out.headers_mut(), sh, &m);
                 out
             }
             Err(e) => {
-                sh.ctx.metrics.proxied("tunnel_error");
+                sh.ctx.metrics.proxied(Proxied::TunnelError);
                 tunnel_failed(&m, &e.to_string())
             }
         };
@@ -176,20 +177,20 @@ async fn proxy(
     let resp = match send.send_request(Request::from_parts(parts, out)).await {
         Ok(r) => r,
         Err(e) => {
-            sh.ctx.metrics.proxied("tunnel_error");
+            sh.ctx.metrics.proxied(Proxied::TunnelError);
             return tunnel_failed(&m, &e.to_string());
         }
     };
     match (resp.headers().get(headers::UPGRADE).cloned(), on_upgrade) {
         (Some(proto), Some(on_upgrade)) => {
-            sh.ctx.metrics.proxied("upgraded");
+            sh.ctx.metrics.proxied(Proxied::Upgraded);
             let out = relay::switched(resp.headers(), proto, Hop::Caller);
             relay::splice_upgraded(on_upgrade, to_member, resp.into_body(), ());
             out
         }
         _ => {
             // NB: a non-101 answer to an upgrade closes the connection.
-            sh.ctx.metrics.proxied("ok");
+            sh.ctx.metrics.proxied(Proxied::Ok);
             let mut out = relay::answer(resp, Hop::Caller);
             recipient(out.headers_mut(), sh, &m);
             out.headers_mut()
