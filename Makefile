@@ -96,7 +96,7 @@ bench-agent: tools ## Benchmark: the agent (the image's musl binary) on a member
 clean-tools: ## Remove .tools (the version-keyed cache in ~/.cache/tether stays)
 	rm -rf .tools
 
-bench-liveness: tools ## Benchmark: liveness from the tunnel with N simulated members holding real tunnels (N="1000 5000 10000"): cost per member and per tunnel, steady writes, killed/frozen agents to Unknown, a failover (ARGS=--attach-at-join: tunnels dialled as members join, registration as a fleet sees it; ARGS="--attach-rate R": the leader's attach pace); runs the image's musl leader binary; needs root
+bench-liveness: tools ## Benchmark: liveness from the tunnel with N simulated members holding real tunnels (N="1000 5000 10000"): cost per member and per tunnel, steady writes, killed/frozen agents to Unknown, a failover (ARGS=--attach-at-join: tunnels dialled as members join, registration as a fleet sees it; ARGS="--attach-rate R": the leader's attach pace; ARGS="--api-servers K": K kube-apiservers in front of one etcd, for more tunnels than one process may hold open files for); runs the image's musl leader binary; needs root
 	@bash e2e/image.sh
 	TETHER_BIN_DIR=$(CURDIR)/target/$(IMAGE_RUST_TARGET)/release $(CARGO) run --locked --release -q -p tether-e2e --example liveness_bench -- $(or $(N),1000 5000 10000) $(ARGS)
 

@@ -42,6 +42,7 @@ async fn pace() {
         failover_window: Duration::from_secs(150),
         attach_at_join: true,
         attach_rate: [None, Some(RATE)],
+        api_servers: 1,
     })
     .await;
     let table = report(&o);

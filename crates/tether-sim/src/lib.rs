@@ -124,8 +124,10 @@ impl Stats {
 /// The shared side of all simulated members: the verified leader and one connection pool.
 pub struct Fleet {
     join: Join,
-    reach: Arc<Reach>,
-    bootstrap: Client,
+    /// The leader's API servers (one unless `also_through` added more), each with its own
+    /// connection pool and a client with the join token; members take them in turn.
+    reaches: Vec<(Arc<Reach>, Client)>,
+    next: std::sync::atomic::AtomicUsize,
     /// Counters of all members of this fleet.
     pub stats: Arc<Stats>,
 }
@@ -148,36 +150,25 @@ impl Fleet {
             .parse()
             .map_err(discovery::DiscoveryError::from)?;
         let pem = discovery::fetch_leader_ca(&join.leader_url, &pin).await?;
-        let trust = Trust::Ca(pem);
-        let config = discovery::leader_config(&join.leader_url, &trust, None)?;
-        // NB: TCP_NODELAY as on the agent's own leader connections (discovery::leader_client).
-        let mut tcp = HttpConnector::new();
-        tcp.enforce_http(false);
-        tcp.set_nodelay(true);
-        let connector = config
-            .rustls_https_connector_with_connector(tcp)
-            .map_err(|source| Error::Leader {
-                op: "build TLS connector",
-                source,
-            })?;
-        // NB: hyper keeps every idle connection unless told; a fleet's burst would leave
-        // thousands open in this one process, against its open-file limit.
-        let http = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(POOL_IDLE)
-            .build(connector);
-        let reach = Arc::new(Reach {
-            url: join.leader_url.clone(),
-            trust,
-            http,
-            metrics: tether_agent::Metrics::default(),
-        });
+        let reach = Arc::new(Reach::new(&join.leader_url, Trust::Ca(pem))?);
         let bootstrap = reach.client(&join.token)?;
         Ok(Self {
             join,
-            reach,
-            bootstrap,
+            reaches: vec![(reach, bootstrap)],
+            next: Default::default(),
             stats: Arc::default(),
         })
+    }
+
+    /// Adds another API server of the same leader control plane (`url`, serving with the same
+    /// CA as the pinned one): members joining from now on take the API servers in turn, for
+    /// their registration, heartbeats and tunnel, as agents behind a load balancer would.
+    pub fn also_through(&mut self, url: &str) -> Result<(), Error> {
+        let trust = self.reaches[0].0.trust.clone();
+        let reach = Arc::new(Reach::new(url, trust)?);
+        let bootstrap = reach.client(&self.join.token)?;
+        self.reaches.push((reach, bootstrap));
+        Ok(())
     }
 
     /// Registers the member `name` (also its cluster ID) with the agent's registration code,
@@ -185,9 +176,11 @@ impl Fleet {
     pub async fn join(&self, name: &str) -> Result<(Member, Timings), Error> {
         let (identity, recipient) = tether_seal::generate_keypair();
         let started = Instant::now();
+        let turn = self.next.fetch_add(1, Ordering::Relaxed) % self.reaches.len();
+        let (reach, bootstrap) = &self.reaches[turn];
         let stored = register(
             &Target {
-                bootstrap: self.bootstrap.clone(),
+                bootstrap: bootstrap.clone(),
                 namespace: &self.join.namespace,
             },
             &Registration {
@@ -202,7 +195,7 @@ impl Fleet {
         )
         .await?;
         let registered = started.elapsed();
-        let client = self.reach.client(&stored.credential.token)?;
+        let client = reach.client(&stored.credential.token)?;
         let ns = stored.credential.namespace.as_str();
         let mut member = Member {
             name: name.to_string(),
@@ -215,7 +208,7 @@ impl Fleet {
             link: Arc::new(Link::default()),
             stats: self.stats.clone(),
             stored,
-            reach: self.reach.clone(),
+            reach: reach.clone(),
             key: identity,
         };
         // As the agent does: a fresh credential's 403 may be RBAC still reaching the authorizer.
@@ -249,6 +242,32 @@ struct Reach {
 }
 
 impl Reach {
+    /// The API server at `url`, trusted by `trust`, with a connection pool of its own.
+    fn new(url: &str, trust: Trust) -> Result<Self, Error> {
+        let config = discovery::leader_config(url, &trust, None)?;
+        // NB: TCP_NODELAY as on the agent's own leader connections (discovery::leader_client).
+        let mut tcp = HttpConnector::new();
+        tcp.enforce_http(false);
+        tcp.set_nodelay(true);
+        let connector = config
+            .rustls_https_connector_with_connector(tcp)
+            .map_err(|source| Error::Leader {
+                op: "build TLS connector",
+                source,
+            })?;
+        // NB: hyper keeps every idle connection unless told; a fleet's burst would leave
+        // thousands open in this one process, against its open-file limit.
+        let http = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(POOL_IDLE)
+            .build(connector);
+        Ok(Self {
+            url: url.to_string(),
+            trust,
+            http,
+            metrics: tether_agent::Metrics::default(),
+        })
+    }
+
     /// A client of the leader with `token`, over the shared connection pool.
     fn client(&self, token: &str) -> Result<Client, Error> {
         client(&self.url, &self.trust, &self.http, token)

@@ -2,7 +2,6 @@
 //! while every member's tunnel re-attaches to it.
 
 use super::*;
-use crate::probe::prom::request_counts_within;
 
 /// How long one read of the timeline waits for an answer.
 const READ_WITHIN: Duration = Duration::from_secs(2);
@@ -35,6 +34,7 @@ pub(super) async fn failover(
     s: &Settings,
     mut leader: LeaderSide,
     standby_at: std::net::SocketAddr,
+    apis: &Apis,
     transitions: &Transitions,
     running: &[Running],
 ) -> (Failover, LeaderSide) {
@@ -54,7 +54,7 @@ pub(super) async fn failover(
     let standby = leader.start_replica("leader-b", &args).await;
     behind_the_fleet(&leader.cluster, &[standby.pid()]);
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let first = request_counts(&leader.admin).await;
+    let first = apis.request_counts().await;
     let (mut last, mut last_at) = (first.clone(), Instant::now());
     let (mut peak, mut reattach, mut first_seen) = (0f64, None, None);
     let late = Late::watch();
@@ -66,7 +66,7 @@ pub(super) async fn failover(
         tokio::time::sleep(Duration::from_secs(1)).await;
         // NB: every read of the busy API server is time-boxed, and a write rate is taken over
         // the time since the last read that answered: the timeline keeps its pace.
-        if let Some(now) = request_counts_within(&leader.admin, READ_WITHIN).await {
+        if let Some(now) = apis.request_counts_within(READ_WITHIN).await {
             let secs = last_at.elapsed().as_secs_f64();
             rate = classify(&last, &now, secs).values().sum();
             peak = peak.max(rate);

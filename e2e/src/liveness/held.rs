@@ -36,14 +36,15 @@ pub(super) fn fds(pid: u32) -> f64 {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count()) as f64
 }
 
-/// What kube-apiserver (`api`) and etcd hold now.
-pub(super) async fn held(admin: &Client, api: u32, etcd: u32) -> (Held, f64) {
-    let text = apiserver_metrics(admin).await;
+/// What the kube-apiservers (all of them, summed) and etcd hold now.
+pub(super) async fn held(apis: &Apis, etcd: u32) -> (Held, f64) {
+    let texts = apis.metrics().await;
+    let sum = |series: &str| texts.iter().filter_map(|t| metric(t, series)).sum::<f64>();
     let api_held = Held {
-        rss: rss_mib(api, "VmRSS"),
-        heap: metric(&text, "go_memstats_heap_inuse_bytes").unwrap_or(0.0) / 1024.0 / 1024.0,
-        goroutines: metric(&text, "go_goroutines").unwrap_or(0.0),
-        fds: fds(api),
+        rss: apis.rss(),
+        heap: sum("go_memstats_heap_inuse_bytes") / 1024.0 / 1024.0,
+        goroutines: sum("go_goroutines"),
+        fds: apis.pids().into_iter().map(fds).sum(),
     };
     (api_held, rss_mib(etcd, "VmRSS"))
 }
@@ -56,16 +57,16 @@ pub(super) fn sum_of(text: &str, name: &str) -> f64 {
         .sum()
 }
 
-/// Waits `settle`, then samples what the API server and etcd hold three times, 5 s apart, and
+/// Waits `settle`, then samples what the API servers and etcd hold three times, 5 s apart, and
 /// keeps the median of each figure (a GC between samples moves the heap).
-pub(super) async fn held_settled(admin: &Client, api: u32, etcd: u32, settle: Duration) -> (Held, f64) {
+pub(super) async fn held_settled(apis: &Apis, etcd: u32, settle: Duration) -> (Held, f64) {
     tokio::time::sleep(settle).await;
     let mut samples = Vec::new();
     for i in 0..3 {
         if i > 0 {
             tokio::time::sleep(Duration::from_secs(5)).await;
         }
-        samples.push(held(admin, api, etcd).await);
+        samples.push(held(apis, etcd).await);
     }
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);

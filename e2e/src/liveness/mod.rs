@@ -39,11 +39,13 @@ use crate::probe::prom::{metric, request_counts, request_mix};
 use crate::scale::{classify, sim_join, write_limit};
 use crate::sim::join_token;
 
+mod apis;
 mod failover;
 mod held;
 mod report;
 mod transitions;
 
+use apis::Apis;
 pub use failover::Failover;
 use failover::failover;
 use held::*;
@@ -60,9 +62,10 @@ const LEADER_NICE: i32 = 5;
 
 /// Puts the leader's side (the control plane and `replicas`) behind the simulated fleet for CPU.
 fn behind_the_fleet(cluster: &TestCluster, replicas: &[u32]) {
-    let control_plane = ["kube-apiserver", "etcd", "kube-controller-manager"]
+    let control_plane = ["etcd", "kube-controller-manager"]
         .into_iter()
-        .filter_map(|p| cluster.pid(p));
+        .filter_map(|p| cluster.pid(p))
+        .chain(cluster.api_server_pids());
     crate::probe::procfs::renice(
         &control_plane.chain(replicas.iter().copied()).collect::<Vec<_>>(),
         LEADER_NICE,
@@ -92,6 +95,11 @@ pub struct Settings {
     /// `--proxy-attach-rate` of the first leader replica and of the standby that takes over,
     /// attaches per second (`None`: the leader's default).
     pub attach_rate: [Option<f64>; 2],
+    /// kube-apiservers in front of the leader's etcd (1 or more): members take them in turn
+    /// for registration, heartbeats and tunnel, as behind a load balancer. One process may hold
+    /// only so many open files, and each holds two per tunnel (the sandbox's hard limit of
+    /// 20,000 stops one at about 9,900 tunnels).
+    pub api_servers: usize,
 }
 
 /// One run's figures.
@@ -99,6 +107,8 @@ pub struct Settings {
 pub struct Outcome {
     /// Members.
     pub members: usize,
+    /// kube-apiservers (their figures are summed).
+    pub api_servers: usize,
     /// The API server's measured limit for small writes, /s.
     pub api_limit: f64,
     /// Registrations per second.
@@ -154,16 +164,27 @@ struct Running {
 /// Runs the benchmark for `s.members` members.
 pub async fn run(s: &Settings) -> Outcome {
     let n = s.members;
-    let cluster = TestCluster::builder(&format!("live-{n}"))
+    let mut cluster = TestCluster::builder(&format!("live-{n}"))
         .start()
         .await
         .expect("control plane");
     let admin = cluster.client().expect("admin");
-    let (api_pid, etcd_pid) = (
-        cluster.pid("kube-apiserver").expect("kube-apiserver"),
-        cluster.pid("etcd").expect("etcd"),
+    let (mut clients, mut urls) = (vec![admin.clone()], Vec::new());
+    for _ in 1..s.api_servers.max(1) {
+        let (client, url) = cluster.add_api_server().await.expect("another kube-apiserver");
+        clients.push(client);
+        urls.push(url);
+    }
+    let apis = Apis::new(clients, cluster.api_server_pids());
+    let etcd_pid = cluster.pid("etcd").expect("etcd");
+    eprintln!(
+        "== [{n}] measuring the API server's limit for small writes (15 s){}",
+        if apis.len() > 1 {
+            format!(", through the first of {} kube-apiservers", apis.len())
+        } else {
+            String::new()
+        }
     );
-    eprintln!("== [{n}] measuring the API server's limit for small writes (15 s)");
     let api_limit = write_limit(&admin, Duration::from_secs(15)).await;
     eprintln!("   {api_limit:.0} writes/s");
     // NB: members heartbeat without a tunnel until theirs attaches: the interval keeps N of
@@ -175,7 +196,7 @@ pub async fn run(s: &Settings) -> Outcome {
     let policy = fleet::policy(&format!("{interval}s"), &format!("{}s", interval * 4));
     let addr = |port| std::net::SocketAddr::from((lab::GATEWAY, port));
     let (port_a, port_b) = (free_port().expect("port"), free_port().expect("port"));
-    let (baseline, baseline_etcd) = held_settled(&admin, api_pid, etcd_pid, Duration::from_secs(5)).await;
+    let (baseline, baseline_etcd) = held_settled(&apis, etcd_pid, Duration::from_secs(5)).await;
     let leader = LeaderSide::on(cluster)
         .policy(policy)
         .proxy(addr(port_a), 15)
@@ -192,13 +213,16 @@ pub async fn run(s: &Settings) -> Outcome {
     let token = join_token(&admin).await;
     let join = sim_join(&leader, &token);
     let deadline = Instant::now() + Duration::from_secs(30);
-    let sim = loop {
+    let mut sim = loop {
         match Fleet::connect(join.clone()).await {
             Ok(f) => break f,
             Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
             Err(e) => panic!("connect to the leader: {e}"),
         }
     };
+    for url in &urls {
+        sim.also_through(url).expect("another API server of the leader");
+    }
     let leader_alone = rss_mib(leader.controller.pid(), "VmRSS");
 
     let at_join = s.attach_at_join;
@@ -211,8 +235,8 @@ pub async fn run(s: &Settings) -> Outcome {
             "later"
         }
     );
-    let (before, beats_before) = (request_counts(&admin).await, sim.stats.heartbeats());
-    let mix_before = request_mix(&admin).await;
+    let (before, beats_before) = (apis.request_counts().await, sim.stats.heartbeats());
+    let mix_before = apis.request_mix().await;
     let started = Instant::now();
     let names: Vec<String> = (0..n).map(|i| format!("live-{i:05}")).collect();
     let mut running: Vec<Running> = Vec::with_capacity(n);
@@ -242,8 +266,9 @@ pub async fn run(s: &Settings) -> Outcome {
     .await
     .expect("members join");
     let registration = started.elapsed();
-    let after = request_counts(&admin).await;
-    let registration_mix: BTreeMap<String, f64> = request_mix(&admin)
+    let after = apis.request_counts().await;
+    let registration_mix: BTreeMap<String, f64> = apis
+        .request_mix()
         .await
         .into_iter()
         .map(|(k, v)| {
@@ -273,7 +298,7 @@ pub async fn run(s: &Settings) -> Outcome {
     }
     let attached_at_join = t0.elapsed();
     eprintln!("== [{n}] all Ready; measuring what the members hold");
-    let (members_held, members_etcd) = held_settled(&admin, api_pid, etcd_pid, Duration::from_secs(20)).await;
+    let (members_held, members_etcd) = held_settled(&apis, etcd_pid, Duration::from_secs(20)).await;
     let leader_before = (leader_alone, rss_mib(leader.controller.pid(), "VmRSS"));
     let (attach_all, per_tunnel) = if at_join {
         (attached_at_join, None)
@@ -292,7 +317,7 @@ pub async fn run(s: &Settings) -> Outcome {
         eprintln!(
             "   all attached and Ready on them after {attach_all:.1?}; settling one heartbeat interval"
         );
-        let (held, etcd) = held_settled(&admin, api_pid, etcd_pid, Duration::from_secs(interval + 5)).await;
+        let (held, etcd) = held_settled(&apis, etcd_pid, Duration::from_secs(interval + 5)).await;
         let per = (
             held.minus(members_held, n),
             (etcd - members_etcd) * 1024.0 / n as f64,
@@ -302,33 +327,39 @@ pub async fn run(s: &Settings) -> Outcome {
     let mut seats = 0f64;
 
     eprintln!("== [{n}] steady state for {:?}", s.steady);
-    let procs = [leader.controller.pid(), api_pid, etcd_pid];
+    let procs = [leader.controller.pid(), etcd_pid];
     let cpu0: Vec<u64> = procs.iter().map(|p| cpu_ticks(*p)).collect();
-    let (w0, steady_start) = (request_counts(&admin).await, Instant::now());
+    let api_cpu0 = apis.cpu_ticks();
+    let (w0, steady_start) = (apis.request_counts().await, Instant::now());
     // NB: nothing is read from the API server inside the window but its request counts at both
     // ends: its whole `/metrics` each second cost it more CPU than 1,000 idle tunnels (a third
     // of its steady CPU in a profile), and the window measures what the members cost it.
     tokio::time::sleep(s.steady).await;
     let secs = steady_start.elapsed().as_secs_f64();
-    let steady_writes = classify(&w0, &request_counts(&admin).await, secs);
+    let steady_writes = classify(&w0, &apis.request_counts().await, secs);
     let cpu: Vec<f64> = procs
         .iter()
         .zip(&cpu0)
         .map(|(p, c0)| (cpu_ticks(*p) - c0) as f64 / CLOCK_TICKS / secs)
         .collect();
+    let api_cpu = (apis.cpu_ticks() - api_cpu0) as f64 / CLOCK_TICKS / secs;
     for _ in 0..SEAT_SAMPLES {
-        let text = apiserver_metrics(&admin).await;
-        seats = seats.max(sum_of(&text, "apiserver_flowcontrol_current_executing_seats"));
+        let texts = apis.metrics().await;
+        let now: f64 = texts
+            .iter()
+            .map(|t| sum_of(t, "apiserver_flowcontrol_current_executing_seats"))
+            .sum();
+        seats = seats.max(now);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let rss = (
         rss_mib(leader.controller.pid(), "VmRSS"),
-        rss_mib(api_pid, "VmRSS"),
+        apis.rss(),
         rss_mib(etcd_pid, "VmRSS"),
     );
 
     let detection = detect(s, &transitions, &mut running).await;
-    let (seen, leader) = failover(s, leader, addr(port_b), &transitions, &running).await;
+    let (seen, leader) = failover(s, leader, addr(port_b), &apis, &transitions, &running).await;
     for r in &running {
         r.heartbeat.cancel();
         if let Some(t) = &r.tunnel {
@@ -339,6 +370,7 @@ pub async fn run(s: &Settings) -> Outcome {
     drop(leader);
     Outcome {
         members: n,
+        api_servers: apis.len(),
         api_limit,
         registration_rate,
         writes_per_registration,
@@ -351,7 +383,7 @@ pub async fn run(s: &Settings) -> Outcome {
         attach_at_join: at_join,
         seats,
         steady_writes,
-        steady_cpu: (cpu[0], cpu[1], cpu[2]),
+        steady_cpu: (cpu[0], api_cpu, cpu[1]),
         rss,
         leader_before,
         attach_all,

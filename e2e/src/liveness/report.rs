@@ -7,6 +7,13 @@ pub fn report(o: &Outcome) -> String {
     let ms = |d: Duration| format!("{:.1} s", d.as_secs_f64());
     let per_member_writes = o.steady_writes.values().sum::<f64>() / o.members as f64;
     let mut out = format!("### N = {}\n\n", o.members);
+    if o.api_servers > 1 {
+        out.push_str(&format!(
+            "{} kube-apiservers in front of one etcd, members taking them in turn; their figures \
+             are summed (the write limit is measured through the first)\n\n",
+            o.api_servers
+        ));
+    }
     let mut line = |k: &str, v: String| out.push_str(&format!("| {k} | {v} |\n"));
     line(
         "API server limit (small writes)",

@@ -37,6 +37,17 @@ impl TestCluster {
         self.procs.iter().find(|p| p.name() == process).map(Proc::pid)
     }
 
+    /// The process IDs of every kube-apiserver (the first, then those `add_api_server` started).
+    pub fn api_server_pids(&self) -> Vec<u32> {
+        let mut apis: Vec<&Proc> = self
+            .procs
+            .iter()
+            .filter(|p| p.name().starts_with("kube-apiserver"))
+            .collect();
+        apis.sort_by_key(|p| p.name().len());
+        apis.into_iter().map(Proc::pid).collect()
+    }
+
     /// Stops kube-controller-manager, e.g. to observe what happens without it.
     pub fn stop_controller_manager(&mut self) {
         self.procs.retain(|p| p.name() != "kube-controller-manager");
@@ -63,6 +74,57 @@ impl TestCluster {
             .map_or(0, |i| i + 1);
         self.procs.insert(at, proc);
         self.wait_ready().await
+    }
+
+    /// Starts one more kube-apiserver of this control plane, as a highly available control plane
+    /// runs several: the same etcd, certificates and flags, another free port on the same
+    /// address. Waits until it is ready; returns an admin client of it and its URL. It is
+    /// `kube-apiserver-<k>` (k = 2, 3, …) to `pid` and in the logs, and stops with the cluster
+    /// (`stop_api_server` stops only the first). NB: a benchmark uses it to spread N members'
+    /// tunnels: kube-apiserver holds two open files per tunnel it proxies, and one process here
+    /// may hold at most the sandbox's hard limit.
+    pub async fn add_api_server(&mut self) -> Result<(Client, String), Error> {
+        let port = free_port()?;
+        let (program, args) = &self.api_command;
+        let args: Vec<std::ffi::OsString> = args
+            .iter()
+            .map(|a| match a.to_str() {
+                Some(a) if a.starts_with("--secure-port=") => format!("--secure-port={port}").into(),
+                _ => a.clone(),
+            })
+            .collect();
+        let url = match self.url.rsplit_once(':') {
+            Some((host, _)) => format!("{host}:{port}"),
+            None => {
+                return Err(Error::NotReady {
+                    name: self.name.clone(),
+                    what: format!("no port in the API server URL {}", self.url),
+                });
+            }
+        };
+        let k = 1 + self
+            .procs
+            .iter()
+            .filter(|p| p.name().starts_with("kube-apiserver"))
+            .count();
+        let name = format!("kube-apiserver-{k}");
+        let mut api = Command::new(program);
+        api.args(&args);
+        let proc = Proc::spawn(&name, api, self.dir())?;
+        // NB: beside the first, so teardown stops it before etcd.
+        let at = self
+            .procs
+            .iter()
+            .position(|p| p.name() == "etcd")
+            .map_or(0, |i| i + 1);
+        self.procs.insert(at, proc);
+        let mut config = self.config();
+        config.cluster_url = url
+            .parse()
+            .map_err(|e| Error::Kubeconfig(format!("{url}: {e}")))?;
+        let client = Client::try_from(config).map_err(Error::Client)?;
+        self.wait_ready_at(client.clone()).await?;
+        Ok((client, url))
     }
 
     /// Freezes etcd (SIGSTOP): the API server stays up but every read and write hangs until

@@ -84,6 +84,11 @@ impl TestCluster {
 
     pub(super) async fn wait_ready(&mut self) -> Result<(), Error> {
         let client = self.client()?;
+        self.wait_ready_at(client).await
+    }
+
+    /// Waits until the API server `client` reaches answers `/readyz` with `ok`.
+    pub(super) async fn wait_ready_at(&mut self, client: Client) -> Result<(), Error> {
         let deadline = Instant::now() + READY_TIMEOUT;
         let mut last;
         loop {
