@@ -194,12 +194,7 @@ mod tests {
             deadline: now + Duration::from_secs(60),
         };
         /// The member's ManagedCluster, whether its agent ServiceAccount exists, when, verdict.
-        type Case = (
-            Option<ManagedCluster>,
-            Option<bool>,
-            Instant,
-            Option<Revoked>,
-        );
+        type Case = (Option<ManagedCluster>, Option<bool>, Instant, Option<Revoked>);
         let table: [Case; 9] = [
             (Some(mc(Some("age1old"), false)), Some(true), now, None),
             (Some(mc(Some("age1old"), false)), None, now, None),

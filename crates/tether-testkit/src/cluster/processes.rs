@@ -61,19 +61,24 @@ impl TestCluster {
 
     /// Starts kube-apiserver again with the flags it first ran with and waits until it is ready.
     pub async fn start_api_server(&mut self) -> Result<(), Error> {
-        let d = self.dir().to_path_buf();
-        let (program, args) = &self.api_command;
-        let mut api = Command::new(program);
+        let args = self.api_command.1.clone();
+        self.spawn_api_server("kube-apiserver", &args)?;
+        self.wait_ready().await
+    }
+
+    /// Spawns kube-apiserver as `name` with `args`, right after etcd in the list of processes,
+    /// so teardown still stops them in reverse start order.
+    fn spawn_api_server(&mut self, name: &str, args: &[std::ffi::OsString]) -> Result<(), Error> {
+        let mut api = Command::new(&self.api_command.0);
         api.args(args);
-        let proc = Proc::spawn("kube-apiserver", api, &d)?;
-        // NB: right after etcd, so teardown still stops processes in reverse start order.
+        let proc = Proc::spawn(name, api, self.dir())?;
         let at = self
             .procs
             .iter()
             .position(|p| p.name() == "etcd")
             .map_or(0, |i| i + 1);
         self.procs.insert(at, proc);
-        self.wait_ready().await
+        Ok(())
     }
 
     /// Starts one more kube-apiserver of this control plane, as a highly available control plane
@@ -85,8 +90,9 @@ impl TestCluster {
     /// may hold at most the sandbox's hard limit.
     pub async fn add_api_server(&mut self) -> Result<(Client, String), Error> {
         let port = free_port()?;
-        let (program, args) = &self.api_command;
-        let args: Vec<std::ffi::OsString> = args
+        let args: Vec<std::ffi::OsString> = self
+            .api_command
+            .1
             .iter()
             .map(|a| match a.to_str() {
                 Some(a) if a.starts_with("--secure-port=") => format!("--secure-port={port}").into(),
@@ -107,17 +113,7 @@ impl TestCluster {
             .iter()
             .filter(|p| p.name().starts_with("kube-apiserver"))
             .count();
-        let name = format!("kube-apiserver-{k}");
-        let mut api = Command::new(program);
-        api.args(&args);
-        let proc = Proc::spawn(&name, api, self.dir())?;
-        // NB: beside the first, so teardown stops it before etcd.
-        let at = self
-            .procs
-            .iter()
-            .position(|p| p.name() == "etcd")
-            .map_or(0, |i| i + 1);
-        self.procs.insert(at, proc);
+        self.spawn_api_server(&format!("kube-apiserver-{k}"), &args)?;
         let mut config = self.config();
         config.cluster_url = url
             .parse()
