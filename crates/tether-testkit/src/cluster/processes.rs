@@ -108,10 +108,11 @@ impl TestCluster {
                 });
             }
         };
-        let k = 1 + self
+        // NB: counted apart from the first, which a fault test may have stopped meanwhile.
+        let k = 2 + self
             .procs
             .iter()
-            .filter(|p| p.name().starts_with("kube-apiserver"))
+            .filter(|p| p.name().starts_with("kube-apiserver-"))
             .count();
         self.spawn_api_server(&format!("kube-apiserver-{k}"), &args)?;
         let mut config = self.config();

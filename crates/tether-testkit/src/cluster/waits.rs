@@ -87,7 +87,7 @@ impl TestCluster {
         self.wait_ready_at(client).await
     }
 
-    /// Waits until the API server `client` reaches answers `/readyz` with `ok`.
+    /// Waits until the API server that `client` reaches answers `/readyz` with `ok`.
     pub(super) async fn wait_ready_at(&mut self, client: Client) -> Result<(), Error> {
         let deadline = Instant::now() + READY_TIMEOUT;
         let mut last;
