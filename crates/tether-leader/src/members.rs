@@ -277,7 +277,7 @@ async fn ensure_lease(
             return Ok(());
         }
     }
-    crate::write::apply(ctx, &api, &want).await
+    crate::write::apply(ctx, &api, &want).await.map(|_| ())
 }
 
 /// The ManagedCluster an announce or heartbeat Lease belongs to (same namespace and name).

@@ -367,7 +367,9 @@ async fn write_status(
         message: Some(message.to_string()),
         ..RegistrationStatus::default()
     };
-    apply_status(ctx, &requests_api(ctx, req), &req.name_any(), &status).await
+    apply_status(ctx, &requests_api(ctx, req), &req.name_any(), &status)
+        .await
+        .map(|_| ())
 }
 
 fn reason_label(reason: RegistrationReason) -> &'static str {

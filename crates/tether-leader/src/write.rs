@@ -23,8 +23,8 @@ pub fn object_name(namespace: Option<&str>, name: &str) -> String {
     }
 }
 
-/// Server-side applies an object the leader owns.
-pub async fn apply<K>(ctx: &Context, api: &Api<K>, obj: &K) -> Result<(), Error>
+/// Server-side applies an object the leader owns; returns it as the API server holds it after.
+pub async fn apply<K>(ctx: &Context, api: &Api<K>, obj: &K) -> Result<K, Error>
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
@@ -36,14 +36,14 @@ where
         &Patch::Apply(obj),
     )
     .await
-    .map_err(Error::api::<K>("apply", api.namespace(), &name))?;
-    Ok(())
+    .map_err(Error::api::<K>("apply", api.namespace(), &name))
 }
 
 /// Server-side applies the fields of `status` that the leader owns, through the status subresource.
 /// `status` is the kind's typed status (or a typed part of it), serialized without the fields it
-/// leaves unset, so the leader owns exactly what it sets.
-pub async fn apply_status<K, S>(ctx: &Context, api: &Api<K>, name: &str, status: &S) -> Result<(), Error>
+/// leaves unset, so the leader owns exactly what it sets. Returns the object as the API server
+/// holds it after.
+pub async fn apply_status<K, S>(ctx: &Context, api: &Api<K>, name: &str, status: &S) -> Result<K, Error>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
     S: Serialize,
@@ -55,8 +55,7 @@ where
         &tether_api::status_apply::<K, _>(status),
     )
     .await
-    .map_err(Error::api::<K>("patch status", api.namespace(), name))?;
-    Ok(())
+    .map_err(Error::api::<K>("patch status", api.namespace(), name))
 }
 
 /// Deletes an object; one that is already gone is not an error.

@@ -7,6 +7,7 @@
 //! the profiles of members that left and of namespaces the set no longer lists.
 
 mod profile;
+mod written;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -26,6 +27,7 @@ use tracing::{debug, warn};
 
 pub use profile::{Access, PROPERTY_PREFIX, profile, up_to_date};
 use profile::{Member, labels_hold, owner};
+use written::Written;
 
 use crate::{Context, Error, write};
 
@@ -40,13 +42,15 @@ const CONCURRENCY: usize = 8;
 
 /// Which members' profiles need a look, shared by the triggers and the writer; how often each
 /// failed in a row; and the namespaces Tether's profiles were seen in (where a stale one of a
-/// member may be, so that finding it is a lookup per namespace, not a scan of every profile).
+/// member may be, so that finding it is a lookup per namespace, not a scan of every profile);
+/// and the writes the cache may not show yet.
 #[derive(Default)]
 struct Queue {
     dirty: Mutex<HashSet<Member>>,
     wake: Notify,
     failures: Mutex<HashMap<Member, u32>>,
     namespaces: Mutex<BTreeSet<String>>,
+    written: Written,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -125,6 +129,7 @@ pub async fn run(
             move |r| {
                 let m = r.ok().map(|p| {
                     queue.saw_namespace(p.namespace().unwrap_or_default());
+                    queue.written.seen(&p);
                     owner(&p)
                 });
                 async move { m }
@@ -173,7 +178,7 @@ pub async fn run(
                         (ctx.clone(), access.clone(), profiles.clone(), queue.clone());
                     async move {
                         // NB: a replica that is not leading writes nothing; its next term re-queues all.
-                        match sync(&ctx, &access, &profiles, &queue.namespaces(), &m).await {
+                        match sync(&ctx, &access, &profiles, &queue, &m).await {
                             Ok(()) => queue.succeeded(&m),
                             Err(Error::NotLeader) => {}
                             Err(e) => {
@@ -196,13 +201,14 @@ pub async fn run(
 }
 
 /// Brings member `m`'s profiles to what its ManagedCluster and set say: written where they
-/// differ, deleted where the member or the namespace is gone from the set (looked for in
-/// `namespaces`, where Tether's profiles were seen).
+/// differ, deleted where the member or the namespace is gone from the set (looked for in the
+/// namespaces where Tether's profiles were seen). What the profiles hold is the cache's, or
+/// this replica's own write that the cache does not show yet.
 async fn sync(
     ctx: &Context,
     access: &Access,
     profiles: &Store<ClusterProfile>,
-    namespaces: &[String],
+    queue: &Queue,
     m: &Member,
 ) -> Result<(), Error> {
     if !ctx.is_leader() {
@@ -225,16 +231,24 @@ async fn sync(
     // member's other namespaces from being written: every one is tried, the first error returned.
     let mut failed = None;
     for (ns, (mc, set)) in &wanted {
-        if let Err(e) = publish(ctx, access, profiles, m, ns, mc, set, now).await {
+        let current = queue.written.current(
+            &(ns.clone(), mc.name_any()),
+            profiles.get(&ObjectRef::new(&mc.name_any()).within(ns)),
+        );
+        if let Err(e) = publish(ctx, access, &queue.written, current, m, ns, mc, set, now).await {
             failed.get_or_insert(e);
         }
     }
     // NB: a profile is named as its member, so a stale one is found by name in each namespace
     // profiles were seen in (a few), never by scanning every profile (as many as the members).
-    let stale: Vec<Arc<ClusterProfile>> = namespaces
-        .iter()
-        .filter(|ns| !wanted.contains_key(*ns))
-        .filter_map(|ns| profiles.get(&ObjectRef::new(&m.1).within(ns)))
+    let stale: Vec<Arc<ClusterProfile>> = queue
+        .namespaces()
+        .into_iter()
+        .filter(|ns| !wanted.contains_key(ns))
+        .filter_map(|ns| {
+            let cached = profiles.get(&ObjectRef::new(&m.1).within(&ns));
+            queue.written.current(&(ns, m.1.clone()), cached)
+        })
         .filter(|p| owner(p).as_ref() == Some(m))
         .collect();
     for p in stale {
@@ -242,6 +256,7 @@ async fn sync(
         let api: Api<ClusterProfile> = Api::namespaced(ctx.client.clone(), &ns);
         match write::delete(ctx, &api, &p.name_any()).await {
             Ok(()) => {
+                queue.written.wrote(written::key(&p), Some(&p), None);
                 ctx.metrics.inventory_write("delete");
                 debug!(member = %m.1, namespace = %ns, "ClusterProfile removed");
             }
@@ -253,19 +268,21 @@ async fn sync(
     failed.map_or(Ok(()), Err)
 }
 
-/// Writes member `m`'s profile in inventory namespace `ns` where the cached one differs.
+/// Writes member `m`'s profile in inventory namespace `ns` where the `current` one differs,
+/// and remembers each write in `written`.
 #[allow(clippy::too_many_arguments)]
 async fn publish(
     ctx: &Context,
     access: &Access,
-    profiles: &Store<ClusterProfile>,
+    written: &Written,
+    mut current: Option<Arc<ClusterProfile>>,
     m: &Member,
     ns: &str,
     mc: &ManagedCluster,
     set: &SetRef,
     now: Timestamp,
 ) -> Result<(), Error> {
-    let current = profiles.get(&ObjectRef::new(&mc.name_any()).within(ns));
+    let key = (ns.to_string(), mc.name_any());
     if let Some(c) = current.as_ref().filter(|c| owner(c).as_ref() != Some(m)) {
         warn!(profile = %c.name_any(), namespace = %ns,
               "A ClusterProfile of that name exists that Tether does not own for this member; left alone");
@@ -280,11 +297,14 @@ async fn publish(
         .as_ref()
         .is_none_or(|c| c.spec != want.spec || !labels_hold(c, &want))
     {
-        write::apply(ctx, &api, &want).await?;
+        let applied = write::apply(ctx, &api, &want).await?;
         ctx.metrics.inventory_write("apply");
+        written.wrote(key.clone(), current.as_deref(), Some(applied.clone()));
+        current = Some(Arc::new(applied));
     }
-    write::apply_status::<ClusterProfile, _>(ctx, &api, &mc.name_any(), &status).await?;
+    let after = write::apply_status::<ClusterProfile, _>(ctx, &api, &mc.name_any(), &status).await?;
     ctx.metrics.inventory_write("status");
+    written.wrote(key, current.as_deref(), Some(after));
     debug!(member = %m.1, namespace = %ns, "ClusterProfile published");
     Ok(())
 }
