@@ -24,6 +24,7 @@ mod run;
 pub mod skew;
 pub mod status;
 pub mod write;
+pub mod written;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -72,6 +73,8 @@ pub struct Context {
     pub sets: Store<ClusterSet>,
     /// Every ManagedCluster the leader created.
     pub clusters: Store<ManagedCluster>,
+    /// The member controller's status writes that `clusters` may not show yet.
+    pub written_clusters: written::Written<ManagedCluster>,
     /// Every member's announce (its presence: a deleted announce is a member that left).
     pub announces: Store<MemberClusterAnnounce>,
     /// Every member's heartbeat Lease.

@@ -36,6 +36,13 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
         return Ok(Action::await_change());
     }
     let _timer = ctx.metrics.reconcile_timer("member");
+    // NB: a Lease or tunnel event can start this look within milliseconds of the last one's
+    // status write, before the cache shows it; judging the older object would write the same
+    // change, and tell its Event, again.
+    let mc = ctx
+        .written_clusters
+        .current(&key(mc.as_ref()), Some(mc.clone()))
+        .unwrap_or(mc);
     let namespace = mc.namespace().unwrap_or_default();
     let name = mc.name_any();
     let set = ctx.set_of(&mc).and_then(|set| ctx.leader_set(&set));
@@ -158,7 +165,8 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
             ..ManagedClusterStatus::default()
         };
         let api = Api::<ManagedCluster>::namespaced(ctx.client.clone(), &namespace);
-        apply_status(&ctx, &api, &name, &patch).await?;
+        let after = apply_status(&ctx, &api, &name, &patch).await?;
+        ctx.written_clusters.wrote(key.clone(), Some(&mc), Some(after));
         tell(&ctx, &mc, &change, agent_version, obs.age).await;
     }
     Ok(Action::requeue(recheck))

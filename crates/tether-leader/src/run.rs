@@ -106,6 +106,7 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         client: client.clone(),
         sets: sets.store(),
         clusters: clusters.store(),
+        written_clusters: Default::default(),
         announces: announces.store(),
         leases: leases.store(),
         nudge,

@@ -7,7 +7,6 @@
 //! the profiles of members that left and of namespaces the set no longer lists.
 
 mod profile;
-mod written;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -27,8 +26,8 @@ use tracing::{debug, warn};
 
 pub use profile::{Access, PROPERTY_PREFIX, profile, up_to_date};
 use profile::{Member, labels_hold, owner};
-use written::Written;
 
+use crate::written::Written;
 use crate::{Context, Error, write};
 
 /// How long a member whose profile could not be written waits before it is tried again: this,
@@ -50,7 +49,7 @@ struct Queue {
     wake: Notify,
     failures: Mutex<HashMap<Member, u32>>,
     namespaces: Mutex<BTreeSet<String>>,
-    written: Written,
+    written: Written<ClusterProfile>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -129,7 +128,6 @@ pub async fn run(
             move |r| {
                 let m = r.ok().map(|p| {
                     queue.saw_namespace(p.namespace().unwrap_or_default());
-                    queue.written.seen(&p);
                     owner(&p)
                 });
                 async move { m }
@@ -232,8 +230,8 @@ async fn sync(
     let mut failed = None;
     for (ns, (mc, set)) in &wanted {
         let current = queue.written.current(
-            &(ns.clone(), mc.name_any()),
-            profiles.get(&ObjectRef::new(&mc.name_any()).within(ns)),
+            &format!("{ns}/{}", m.1),
+            profiles.get(&ObjectRef::new(&m.1).within(ns)),
         );
         if let Err(e) = publish(ctx, access, &queue.written, current, m, ns, mc, set, now).await {
             failed.get_or_insert(e);
@@ -247,7 +245,7 @@ async fn sync(
         .filter(|ns| !wanted.contains_key(ns))
         .filter_map(|ns| {
             let cached = profiles.get(&ObjectRef::new(&m.1).within(&ns));
-            queue.written.current(&(ns, m.1.clone()), cached)
+            queue.written.current(&format!("{ns}/{}", m.1), cached)
         })
         .filter(|p| owner(p).as_ref() == Some(m))
         .collect();
@@ -256,7 +254,7 @@ async fn sync(
         let api: Api<ClusterProfile> = Api::namespaced(ctx.client.clone(), &ns);
         match write::delete(ctx, &api, &p.name_any()).await {
             Ok(()) => {
-                queue.written.wrote(written::key(&p), Some(&p), None);
+                queue.written.wrote(write::key(p.as_ref()), Some(&p), None);
                 ctx.metrics.inventory_write("delete");
                 debug!(member = %m.1, namespace = %ns, "ClusterProfile removed");
             }
@@ -274,7 +272,7 @@ async fn sync(
 async fn publish(
     ctx: &Context,
     access: &Access,
-    written: &Written,
+    written: &Written<ClusterProfile>,
     mut current: Option<Arc<ClusterProfile>>,
     m: &Member,
     ns: &str,
@@ -282,7 +280,7 @@ async fn publish(
     set: &SetRef,
     now: Timestamp,
 ) -> Result<(), Error> {
-    let key = (ns.to_string(), mc.name_any());
+    let key = format!("{ns}/{}", m.1);
     if let Some(c) = current.as_ref().filter(|c| owner(c).as_ref() != Some(m)) {
         warn!(profile = %c.name_any(), namespace = %ns,
               "A ClusterProfile of that name exists that Tether does not own for this member; left alone");
