@@ -4,14 +4,17 @@
 //! says what is measured); `docs/benchmarks.md` keeps the recorded numbers.
 //!
 //! `cargo run --release -p tether-e2e --example liveness_bench -- [N…] [--probes K]
-//!  [--steady SECONDS] [--attach-at-join] [--in-flight K] [--attach-rate R] [--api-servers K]` (default N: 1000 5000 10000; probes:
+//!  [--steady SECONDS] [--attach-at-join] [--in-flight K] [--attach-rate R] [--api-servers K]
+//!  [--approved-request-retention SECONDS]` (default N: 1000 5000 10000; probes:
 //! 20 killed and 20 frozen agents; steady: 60; registrations in flight: 1000). By default every
 //! tunnel attaches once all members are in, to measure what a member and what a tunnel cost
 //! apart; `--attach-at-join` dials each as soon as its member is in, as agents do, to measure
 //! registration as a fleet sees it. `--attach-rate` sets the leader's
 //! `--proxy-attach-rate` (attaches per second; 0: unpaced). `--api-servers K` runs K
 //! kube-apiservers in front of the one etcd, members taking them in turn, their figures summed
-//! (each holds two open files per tunnel, and one process here may hold 20,000). Needs root (its lab network namespace).
+//! (each holds two open files per tunnel, and one process here may hold 20,000).
+//! `--approved-request-retention` sets the leader's, and measures what a member holds again once
+//! every approved request is deleted. Needs root (its lab network namespace).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -36,7 +39,7 @@ fn main() -> ExitCode {
     };
     let mut sizes = Vec::new();
     let (mut probes, mut steady, mut attach_at_join, mut in_flight) = (20usize, 60u64, false, 1000usize);
-    let (mut attach_rate, mut api_servers) = (None, 1usize);
+    let (mut attach_rate, mut api_servers, mut approved_retention) = (None, 1usize, None);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = |flag: &str| {
@@ -50,6 +53,9 @@ fn main() -> ExitCode {
             "--in-flight" => in_flight = value("--in-flight").max(1) as usize,
             "--steady" => steady = value("--steady"),
             "--api-servers" => api_servers = value("--api-servers").max(1) as usize,
+            "--approved-request-retention" => {
+                approved_retention = Some(Duration::from_secs(value("--approved-request-retention")));
+            }
             "--attach-rate" => {
                 attach_rate = Some(
                     args.next()
@@ -98,6 +104,7 @@ fn main() -> ExitCode {
             attach_at_join,
             attach_rate: [attach_rate; 2],
             api_servers,
+            approved_retention,
         };
         let outcome = rt.block_on(run(&settings));
         println!("{}", report(&outcome));

@@ -104,11 +104,13 @@ pub(crate) enum Site {
 }
 
 /// How an in-process leader starts: `Leader::named(name)` or `Leader::on(cluster)`, then
-/// `policy` (the `prod` set's; the default otherwise), `denied_retention`, and `start`.
+/// `policy` (the `prod` set's; the default otherwise), `denied_retention`,
+/// `approved_retention`, and `start`.
 pub struct InProcess {
     site: Site,
     policy: LeaderSpec,
     denied_retention: Duration,
+    approved_retention: Duration,
 }
 
 impl InProcess {
@@ -124,6 +126,12 @@ impl InProcess {
         self
     }
 
+    /// Approved requests are kept only this long (the flag's default: 1 h).
+    pub fn approved_retention(mut self, retention: Duration) -> Self {
+        self.approved_retention = retention;
+        self
+    }
+
     /// Starts the cluster if needed, installs Tether's leader side and runs the controller in
     /// this process as the leader's ServiceAccount.
     pub async fn start(self) -> Leader {
@@ -131,7 +139,13 @@ impl InProcess {
             Site::Started(c) => *c,
             Site::Named(name) => TestCluster::start(&name).await.expect("cluster"),
         };
-        Leader::run(cluster, &self.policy, self.denied_retention).await
+        Leader::run(
+            cluster,
+            &self.policy,
+            self.denied_retention,
+            self.approved_retention,
+        )
+        .await
     }
 }
 
@@ -151,10 +165,16 @@ impl Leader {
             site,
             policy: LeaderSpec::default(),
             denied_retention: Duration::from_secs(3600),
+            approved_retention: Duration::from_secs(3600),
         }
     }
 
-    async fn run(cluster: TestCluster, policy: &LeaderSpec, denied_retention: Duration) -> Self {
+    async fn run(
+        cluster: TestCluster,
+        policy: &LeaderSpec,
+        denied_retention: Duration,
+        approved_retention: Duration,
+    ) -> Self {
         crate::init_logs();
         let admin = install_leader(&cluster, policy).await;
         let as_leader = cluster
@@ -173,6 +193,7 @@ impl Leader {
             leader_url: cluster.url().to_string(),
             proxy: None,
             denied_retention,
+            approved_retention,
             cluster_profiles: false,
         };
         tokio::spawn(tether_leader::run(as_leader, opts, stop.clone()));

@@ -424,3 +424,63 @@ async fn policy_denials_are_deleted_after_their_retention_and_admin_denials_stay
         (RegistrationResult::Denied, RegistrationReason::DeniedByAdmin)
     );
 }
+
+/// An approved request holds the member's first credential only for its agent to read: it is
+/// deleted after its retention once the member heartbeat after it was made, and the member
+/// stays as it was. One whose member never heartbeat (its agent may not have read it) stays
+/// while the credential in it is valid.
+#[tokio::test]
+async fn approved_requests_go_after_their_retention_once_their_member_heartbeat() {
+    let retention = Duration::from_secs(8);
+    let l = Leader::named("leader-approved-retention")
+        .policy(sim::approving(ApprovalMode::Automatic))
+        .approved_retention(retention)
+        .start()
+        .await;
+    let created = std::time::Instant::now();
+    let east = std::sync::Arc::new(sim::join(&l.cluster, &l.admin, "east", "id-east").await);
+    let _beating = east.keep_heartbeating(Duration::from_secs(1));
+    let silent = joiner(&l).await;
+    let w = register(&silent, "west-1", "west", "id-west").await;
+    assert_eq!(result(&w).0, RegistrationResult::Approved);
+    sim::wait_ready(
+        &l.admin,
+        &east,
+        "True",
+        "HeartbeatReceived",
+        Duration::from_secs(30),
+    )
+    .await;
+
+    let api = Api::<ClusterRegistrationRequest>::namespaced(l.admin.clone(), HOME);
+    eventually("east-1 deleted", Duration::from_secs(60), || async {
+        match api.get_opt("east-1").await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{:?}", other.map(|r| r.map(|r| r.status)))),
+        }
+    })
+    .await;
+    let gone_after = created.elapsed();
+    assert!(
+        gone_after >= retention - Duration::from_secs(1),
+        "kept for its retention ({retention:?}), deleted after {gone_after:?}"
+    );
+    sim::wait_ready(
+        &l.admin,
+        &east,
+        "True",
+        "HeartbeatReceived",
+        Duration::from_secs(5),
+    )
+    .await;
+    east.heartbeat()
+        .await
+        .expect("the member's credential still works without its request");
+
+    tokio::time::sleep(retention + Duration::from_secs(3)).await;
+    let kept = api
+        .get("west-1")
+        .await
+        .expect("a request whose member never heartbeat is kept while its credential is valid");
+    assert_eq!(result(&kept).0, RegistrationResult::Approved);
+}

@@ -47,10 +47,17 @@ async fn pace() {
         // `make bench-liveness ARGS="--api-servers 2"`, which the 10,000 figures need here,
         // is kept working).
         api_servers: 2,
+        // NB: the leader deletes the approved requests of members that heartbeat (and
+        // `make bench-liveness ARGS="--approved-request-retention S"` is kept working).
+        approved_retention: Some(Duration::from_secs(20)),
     })
     .await;
     let table = report(&o);
     println!("{table}");
+    assert!(
+        o.per_member_with_request.is_some(),
+        "every approved request deleted\n{table}"
+    );
     let live = MEMBERS - 2 * PROBES;
     let f = &o.failover;
     let (Some(back), Some(first)) = (f.reattach, f.first) else {

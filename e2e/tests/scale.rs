@@ -73,6 +73,13 @@ async fn scale_benchmark_smoke_run() {
             "no {kind} write without a change\n{table}"
         );
     }
+    // NB: a look that ran before the cache showed the last one's status write declared members
+    // Ready twice (up to 14 of 50; the leader's written.rs).
+    assert_eq!(
+        o.declared.0,
+        o.members + o.declared.1,
+        "each member declared Ready once (MemberReady, MemberLost)\n{table}"
+    );
     let p = o.profiles.clone().expect("ClusterProfile writes counted");
     assert_eq!(p.steady, 0.0, "no ClusterProfile write per heartbeat\n{table}");
     // Created with its status (2), then one status write each for the agent's first report

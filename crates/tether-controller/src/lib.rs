@@ -121,6 +121,11 @@ pub struct LeaderArgs {
     /// denial is kept until someone deletes it.
     #[arg(long, env = "TETHER_DENIED_REQUEST_RETENTION", default_value = "1h", value_parser = tether_api::duration::parse)]
     pub denied_request_retention: std::time::Duration,
+    /// How long an approved registration request is kept, counted from its creation, before the
+    /// leader deletes it: only once its member heartbeat after it was made (its agent read the
+    /// credential) or the credential in it expired. Spread over up to 5 more minutes per request.
+    #[arg(long, env = "TETHER_APPROVED_REQUEST_RETENTION", default_value = "1h", value_parser = tether_api::duration::parse)]
+    pub approved_request_retention: std::time::Duration,
     /// Export `tether_leader_member_ready{clusterset,namespace,member}`: one series per member
     /// (10,000 members, 10,000 series), hence off by default.
     #[arg(long, env = "TETHER_MEMBER_METRICS")]
@@ -253,6 +258,7 @@ async fn run_leader(args: LeaderArgs) -> anyhow::Result<()> {
         leader_url,
         proxy,
         denied_retention: args.denied_request_retention,
+        approved_retention: args.approved_request_retention,
         cluster_profiles: args.cluster_profiles,
     };
     tether_leader::run(client, opts, p.shutdown.clone()).await;

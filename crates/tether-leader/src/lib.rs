@@ -19,6 +19,7 @@ pub mod policy;
 pub mod provision;
 pub mod proxy;
 pub mod registration;
+pub mod retention;
 pub mod roles;
 mod run;
 pub mod skew;
@@ -61,6 +62,9 @@ pub struct Options {
     /// How long a request the policy denied is kept (so its reason can be read) before it is
     /// deleted; an admin's denial is kept until someone deletes it.
     pub denied_retention: std::time::Duration,
+    /// How long an approved request is kept before it is deleted, once its member heartbeat
+    /// after it or its credential expired (retention.rs).
+    pub approved_retention: std::time::Duration,
     /// Publish members as ClusterProfiles (the upstream CRD is installed).
     pub cluster_profiles: bool,
 }
@@ -102,6 +106,8 @@ pub struct Context {
     pub status_throttle: clusterset::Throttle,
     /// See `Options::denied_retention`.
     pub denied_retention: std::time::Duration,
+    /// See `Options::approved_retention`.
+    pub approved_retention: std::time::Duration,
 }
 
 /// How many registrations are provisioned at once. Each takes three round trips; more in flight
@@ -353,10 +359,12 @@ fn slim_cluster(mc: &mut ManagedCluster) {
                     || c.type_ == tether_api::conditions::ConditionType::AgentVersionSupported
             })
             .collect();
-        // NB: the agent's version stays for the skew check (`skew.rs`).
+        // NB: the agent's version stays for the skew check (`skew.rs`), the last heartbeat for
+        // when a member's approved request may go (`retention.rs`).
         *status = tether_api::ManagedClusterStatus {
             conditions,
             agent_version: status.agent_version.take(),
+            last_heartbeat_time: status.last_heartbeat_time.take(),
             ..Default::default()
         };
     }

@@ -1,9 +1,7 @@
 //! Reconciles ClusterRegistrationRequests: decides (policy.rs), provisions the member's objects
 //! (provision.rs), mints a TokenRequest token, seals it to the member's key and records the
-//! result. Only Pending requests are acted on, so a token is minted once per approval. A request
-//! the policy denied is deleted once `Context::denied_retention` has passed since its creation,
-//! so that agents retrying (a lost-state rejoin while the old member is live, a wrong name) do
-//! not pile requests up; an admin's denial stays.
+//! result. Only Pending requests are acted on, so a token is minted once per approval. Decided
+//! requests are deleted after their retention (retention.rs).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,11 +9,10 @@ use std::time::Duration;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::{Resource, ResourceExt};
 use tether_api::conditions::{ConditionType, EventReason, Reason, find};
 use tether_api::registration::{RegistrationReason, RegistrationResult, SealedCredential};
 use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, RegistrationStatus, SetRef};
@@ -28,6 +25,7 @@ use crate::clusterset::set_in;
 use crate::naming::{AGENT_SERVICE_ACCOUNT, member_namespace};
 use crate::policy::{Decision, Member, decide};
 use crate::provision::{MemberObjects, member_objects};
+use crate::retention::{expire_approved, expire_denied, expires};
 use crate::write::{apply, apply_status, delete, event};
 use crate::{Context, Error};
 
@@ -51,6 +49,9 @@ async fn act(req: Arc<ClusterRegistrationRequest>, ctx: Arc<Context>) -> Result<
     }
     if status.result == RegistrationResult::Denied && expires(status.reason) {
         return expire_denied(&req, &ctx).await;
+    }
+    if status.result == RegistrationResult::Approved {
+        return expire_approved(&req, &ctx).await;
     }
     if status.result != RegistrationResult::Pending {
         return Ok(Action::await_change());
@@ -116,31 +117,6 @@ async fn deny(
     } else {
         Ok(Action::await_change())
     }
-}
-
-/// Whether a request denied for `reason` is deleted after the retention: the policy's denials
-/// are, an admin's decision is kept.
-fn expires(reason: RegistrationReason) -> bool {
-    reason != RegistrationReason::DeniedByAdmin
-}
-
-/// How much longer the Denied `req` is kept at `now` (zero: delete it).
-fn denied_left(req: &ClusterRegistrationRequest, retention: Duration, now: Timestamp) -> Duration {
-    let created = req.meta().creation_timestamp.as_ref().map_or(now, |t| t.0);
-    let age = Duration::try_from(now.duration_since(created)).unwrap_or(Duration::ZERO);
-    retention.saturating_sub(age)
-}
-
-/// Deletes the Denied `req` once its retention has passed; until then, comes back when it has.
-async fn expire_denied(req: &ClusterRegistrationRequest, ctx: &Context) -> Result<Action, Error> {
-    let left = denied_left(req, ctx.denied_retention, Timestamp::now());
-    if !left.is_zero() {
-        return Ok(Action::requeue(left + Duration::from_secs(1)));
-    }
-    delete(ctx, &requests_api(ctx, req), &req.name_any()).await?;
-    info!(request = %req.name_any(), namespace = %req.namespace().unwrap_or_default(),
-          retention = ?ctx.denied_retention, "Deleted a denied registration request after its retention");
-    Ok(Action::await_change())
 }
 
 /// Members of a set as the policy sees them, from the ManagedCluster store.

@@ -32,14 +32,15 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
     let members_only = watcher::Config::default().labels(labels::CLUSTER_SET);
 
     // Requests: primary of the registration controller, trigger of the set controller.
-    // NB: cached without the sealed credential, which the leader never reads back.
+    // NB: cached without the sealed credential, which the leader never reads back (only when
+    // it expires: retention.rs).
     let mut requests = streams::watch(
         Api::<ClusterRegistrationRequest>::all(client.clone()),
         all.clone(),
         |r: &mut ClusterRegistrationRequest| {
             slim(r);
-            if let Some(status) = r.status.as_mut() {
-                status.credential = None;
+            if let Some(c) = r.status.as_mut().and_then(|s| s.credential.as_mut()) {
+                c.sealed = String::new();
             }
         },
         None,
@@ -120,6 +121,7 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         provisioning: tokio::sync::Semaphore::new(PROVISIONING_SLOTS),
         status_throttle: clusterset::Throttle::default(),
         denied_retention: opts.denied_retention,
+        approved_retention: opts.approved_retention,
     });
 
     // A ClusterSet created or changed re-queues every request of its namespace. Only spec

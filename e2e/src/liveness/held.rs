@@ -83,6 +83,33 @@ pub(super) async fn held_settled(apis: &Apis, etcd: u32, settle: Duration) -> (H
     )
 }
 
+/// Waits until the leader deleted every approved registration request (at most `within`);
+/// returns how many there were when called.
+pub(super) async fn requests_gone(admin: &Client, within: Duration) -> usize {
+    let api = Api::<tether_api::ClusterRegistrationRequest>::namespaced(admin.clone(), crate::sim::HOME);
+    let t0 = Instant::now();
+    let mut first = None;
+    loop {
+        let left = api
+            .list_metadata(&Default::default())
+            .await
+            .map_or(usize::MAX, |l| l.items.len());
+        let first = *first.get_or_insert(left);
+        if left == 0 {
+            eprintln!(
+                "   every approved request ({first}) deleted after {:.0?}",
+                t0.elapsed()
+            );
+            return first;
+        }
+        assert!(
+            t0.elapsed() < within,
+            "{left} requests still there after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
 pub(super) async fn tunnels_at(leader: &tether_testkit::Controller) -> f64 {
     match leader.admin_get("/metrics").await {
         Ok((200, text)) => metric(&text, "tether_leader_tunnels").unwrap_or(0.0),

@@ -49,7 +49,7 @@ use apis::Apis;
 pub use failover::Failover;
 use failover::failover;
 use held::*;
-pub use report::report;
+pub use report::{Outcome, report};
 use transitions::Transitions;
 
 /// The nice value of the leader's side (kube-apiserver, etcd, kube-controller-manager, the
@@ -100,52 +100,9 @@ pub struct Settings {
     /// only so many open files, and each holds two per tunnel (the sandbox's hard limit of
     /// 20,000 stops one at about 9,900 tunnels).
     pub api_servers: usize,
-}
-
-/// One run's figures.
-#[derive(Debug)]
-pub struct Outcome {
-    /// Members.
-    pub members: usize,
-    /// kube-apiservers (their figures are summed).
-    pub api_servers: usize,
-    /// The API server's measured limit for small writes, /s.
-    pub api_limit: f64,
-    /// Registrations per second.
-    pub registration_rate: f64,
-    /// API writes per registration (every client).
-    pub writes_per_registration: f64,
-    /// Requests per registration by verb and resource while members registered (heartbeats and
-    /// the control plane's own requests included), those at 0.05 or more.
-    pub registration_mix: BTreeMap<String, f64>,
-    /// Per member, KiB / goroutines / fds of kube-apiserver, and KiB of etcd RSS.
-    pub per_member: (Held, f64),
-    /// Per idle tunnel, the same (none when tunnels attached at join: then `per_member` holds both).
-    pub per_tunnel: Option<(Held, f64)>,
-    /// Whether each member dialled its tunnel as soon as it was in.
-    pub attach_at_join: bool,
-    /// `apiserver_flowcontrol_current_executing_seats` (all levels) with every tunnel open: max of
-    /// `SEAT_SAMPLES` read after the steady window.
-    pub seats: f64,
-    /// Steady writes/s by kind.
-    pub steady_writes: BTreeMap<String, f64>,
-    /// Steady CPU (share of a core): leader, kube-apiserver, etcd.
-    pub steady_cpu: (f64, f64, f64),
-    /// RSS MiB with every tunnel attached: leader, kube-apiserver, etcd.
-    pub rss: (f64, f64, f64),
-    /// The leader's RSS MiB before any member joined, and with every member in (and their tunnels,
-    /// when attached at join).
-    pub leader_before: (f64, f64),
-    /// Time from tunnels started (or every member in, when attached at join) to all attached.
-    pub attach_all: Duration,
-    /// Killed agents to Unknown, sorted.
-    pub killed: Vec<Duration>,
-    /// Frozen agents to Unknown, sorted.
-    pub frozen: Vec<Duration>,
-    /// The set's detection time and ping timeout.
-    pub detection: (Duration, Duration),
-    /// The failover: a standby took over from the killed serving replica.
-    pub failover: Failover,
+    /// The leader's `--approved-request-retention`; when set, what a member holds is measured
+    /// again once every approved request is deleted (`per_member` then has none).
+    pub approved_retention: Option<Duration>,
 }
 
 /// A frozen tunnel of a member, once attached (dropping it closes it).
@@ -197,15 +154,15 @@ pub async fn run(s: &Settings) -> Outcome {
     let addr = |port| std::net::SocketAddr::from((lab::GATEWAY, port));
     let (port_a, port_b) = (free_port().expect("port"), free_port().expect("port"));
     let (baseline, baseline_etcd) = held_settled(&apis, etcd_pid, Duration::from_secs(5)).await;
+    let mut args = failover::rate_args(s.attach_rate[0]);
+    args.extend(
+        s.approved_retention
+            .map(|r| format!("--approved-request-retention={}s", r.as_secs())),
+    );
     let leader = LeaderSide::on(cluster)
         .policy(policy)
         .proxy(addr(port_a), 15)
-        .args(
-            &failover::rate_args(s.attach_rate[0])
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>(),
-        )
+        .args(&args.iter().map(String::as_str).collect::<Vec<_>>())
         .start()
         .await;
     behind_the_fleet(&leader.cluster, &[leader.controller.pid()]);
@@ -298,7 +255,19 @@ pub async fn run(s: &Settings) -> Outcome {
     }
     let attached_at_join = t0.elapsed();
     eprintln!("== [{n}] all Ready; measuring what the members hold");
-    let (members_held, members_etcd) = held_settled(&apis, etcd_pid, Duration::from_secs(20)).await;
+    let (mut members_held, mut members_etcd) = held_settled(&apis, etcd_pid, Duration::from_secs(20)).await;
+    let per_member_with_request = match s.approved_retention {
+        Some(r) => {
+            let with = (
+                members_held.minus(baseline, n),
+                (members_etcd - baseline_etcd) * 1024.0 / n as f64,
+            );
+            let kept = requests_gone(&admin, r + Duration::from_secs(900)).await;
+            (members_held, members_etcd) = held_settled(&apis, etcd_pid, Duration::from_secs(20)).await;
+            Some((with, kept))
+        }
+        None => None,
+    };
     let leader_before = (leader_alone, rss_mib(leader.controller.pid(), "VmRSS"));
     let (attach_all, per_tunnel) = if at_join {
         (attached_at_join, None)
@@ -379,6 +348,7 @@ pub async fn run(s: &Settings) -> Outcome {
             members_held.minus(baseline, n),
             (members_etcd - baseline_etcd) * 1024.0 / n as f64,
         ),
+        per_member_with_request,
         per_tunnel,
         attach_at_join: at_join,
         seats,

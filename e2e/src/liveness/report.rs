@@ -1,6 +1,54 @@
-//! The liveness benchmark's report.
+//! The liveness benchmark's figures and their report.
 
 use super::*;
+
+/// One run's figures.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Members.
+    pub members: usize,
+    /// kube-apiservers (their figures are summed).
+    pub api_servers: usize,
+    /// The API server's measured limit for small writes, /s.
+    pub api_limit: f64,
+    /// Registrations per second.
+    pub registration_rate: f64,
+    /// API writes per registration (every client).
+    pub writes_per_registration: f64,
+    /// Requests per registration by verb and resource while members registered (heartbeats and
+    /// the control plane's own requests included), those at 0.05 or more.
+    pub registration_mix: BTreeMap<String, f64>,
+    /// Per member, KiB / goroutines / fds of kube-apiserver, and KiB of etcd RSS.
+    pub per_member: (Held, f64),
+    /// The same before the leader deleted the approved requests, and how many were left then.
+    pub per_member_with_request: Option<((Held, f64), usize)>,
+    /// Per idle tunnel, the same (none when tunnels attached at join: then `per_member` holds both).
+    pub per_tunnel: Option<(Held, f64)>,
+    /// Whether each member dialled its tunnel as soon as it was in.
+    pub attach_at_join: bool,
+    /// `apiserver_flowcontrol_current_executing_seats` (all levels) with every tunnel open: max of
+    /// `SEAT_SAMPLES` read after the steady window.
+    pub seats: f64,
+    /// Steady writes/s by kind.
+    pub steady_writes: BTreeMap<String, f64>,
+    /// Steady CPU (share of a core): leader, kube-apiserver, etcd.
+    pub steady_cpu: (f64, f64, f64),
+    /// RSS MiB with every tunnel attached: leader, kube-apiserver, etcd.
+    pub rss: (f64, f64, f64),
+    /// The leader's RSS MiB before any member joined, and with every member in (and their tunnels,
+    /// when attached at join).
+    pub leader_before: (f64, f64),
+    /// Time from tunnels started (or every member in, when attached at join) to all attached.
+    pub attach_all: Duration,
+    /// Killed agents to Unknown, sorted.
+    pub killed: Vec<Duration>,
+    /// Frozen agents to Unknown, sorted.
+    pub frozen: Vec<Duration>,
+    /// The set's detection time and ping timeout.
+    pub detection: (Duration, Duration),
+    /// The failover: a standby took over from the killed serving replica.
+    pub failover: Failover,
+}
 
 /// The figures of one run, as Markdown lines.
 pub fn report(o: &Outcome) -> String {
@@ -43,6 +91,12 @@ pub fn report(o: &Outcome) -> String {
             h.0.rss, h.0.heap, h.0.goroutines, h.0.fds, h.1
         )
     };
+    if let Some((with, left)) = &o.per_member_with_request {
+        line(
+            &format!("per member before the leader deleted the approved requests ({left} of them left)"),
+            held(with),
+        );
+    }
     match &o.per_tunnel {
         Some(t) => {
             line("per member (no tunnel)", held(&o.per_member));

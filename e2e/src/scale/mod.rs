@@ -119,6 +119,9 @@ pub struct Renewals {
 pub struct Outcome {
     /// ClusterProfile writes by phase, when the run published them.
     pub profiles: Option<ProfileWrites>,
+    /// Once every member is Ready: the leader's `MemberReady` and `MemberLost` Events (each
+    /// member declared Ready once, unless it was lost and came back).
+    pub declared: (usize, usize),
     /// Simulated members.
     pub members: usize,
     /// Registrations in flight at once.
@@ -196,6 +199,10 @@ pub async fn run(settings: &Settings) -> Outcome {
     wait_for_counts(&setup.leader.admin, n, n, Duration::from_secs(600)).await;
     let all_ready = joined.started.elapsed() - joined.registration_wall;
     let c1 = request_counts(&admin).await;
+    let declared = (
+        events_of(&admin, "MemberReady").await,
+        events_of(&admin, "MemberLost").await,
+    );
 
     // One full interval first, so that every member's heartbeat phase is spread.
     eprintln!(
@@ -297,6 +304,7 @@ pub async fn run(settings: &Settings) -> Outcome {
     });
     Outcome {
         profiles,
+        declared,
         members: n,
         concurrency: settings.concurrency,
         api_limit: setup.api_limit,

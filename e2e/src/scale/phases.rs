@@ -260,6 +260,13 @@ pub(super) fn watch_approvals(admin: &Client) -> Approvals {
     out
 }
 
+/// The Events of `reason` in every namespace.
+pub(super) async fn events_of(admin: &Client, reason: &str) -> usize {
+    let events = Api::<k8s_openapi::api::core::v1::Event>::all(admin.clone());
+    let params = kube::api::ListParams::default().fields(&format!("reason={reason}"));
+    events.list_metadata(&params).await.expect("Events").items.len()
+}
+
 pub(super) async fn wait_total(admin: &Client, total: usize, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     loop {
