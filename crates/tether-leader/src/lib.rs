@@ -88,6 +88,8 @@ pub struct Context {
     pub nudge: futures::channel::mpsc::UnboundedSender<ManagedCluster>,
     /// Every registration request.
     pub requests: Store<ClusterRegistrationRequest>,
+    /// The registration controller's status writes that `requests` may not show yet.
+    pub written_requests: written::Written<ClusterRegistrationRequest>,
     /// When each member last renewed, as this replica saw it.
     pub health: Arc<health::Tracker>,
     /// Publishes Events.

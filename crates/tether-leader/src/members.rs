@@ -39,10 +39,8 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
     // NB: a Lease or tunnel event can start this look within milliseconds of the last one's
     // status write, before the cache shows it; judging the older object would write the same
     // change, and tell its Event, again.
-    let mc = ctx
-        .written_clusters
-        .current(&key(mc.as_ref()), Some(mc.clone()))
-        .unwrap_or(mc);
+    let key = key(mc.as_ref());
+    let mc = ctx.written_clusters.current(&key, Some(mc.clone())).unwrap_or(mc);
     let namespace = mc.namespace().unwrap_or_default();
     let name = mc.name_any();
     let set = ctx.set_of(&mc).and_then(|set| ctx.leader_set(&set));
@@ -83,7 +81,6 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
     if ctx.health.is_blind(now) {
         return Ok(Action::requeue(BLIND_RECHECK));
     }
-    let key = key(mc.as_ref());
     let lease = ctx.leases.get(&ObjectRef::<Lease>::new(&name).within(&namespace));
     let renewed = latest(
         announce.spec.renew_time.as_ref(),

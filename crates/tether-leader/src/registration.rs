@@ -26,7 +26,7 @@ use crate::naming::{AGENT_SERVICE_ACCOUNT, member_namespace};
 use crate::policy::{Decision, Member, decide};
 use crate::provision::{MemberObjects, member_objects};
 use crate::retention::{expire_approved, expire_denied, expires};
-use crate::write::{apply, apply_status, delete, event};
+use crate::write::{apply, apply_status, delete, event, key};
 use crate::{Context, Error};
 
 /// How long to wait for a replaced member's namespace to go before provisioning again.
@@ -43,10 +43,17 @@ pub async fn reconcile(req: Arc<ClusterRegistrationRequest>, ctx: Arc<Context>) 
 }
 
 async fn act(req: Arc<ClusterRegistrationRequest>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let status = req.status.clone().unwrap_or_default();
     if !ctx.is_leader() {
         return Ok(Action::await_change());
     }
+    // NB: a set's spec change re-queues its requests; a look that runs before the watch
+    // delivered this controller's last status write would take an approved request for a
+    // Pending one and mint, seal and announce its credential again.
+    let req = ctx
+        .written_requests
+        .current(&key(req.as_ref()), Some(req.clone()))
+        .unwrap_or(req);
+    let status = req.status.clone().unwrap_or_default();
     if status.result == RegistrationResult::Denied && expires(status.reason) {
         return expire_denied(&req, &ctx).await;
     }
@@ -275,7 +282,7 @@ async fn grant(
         }),
         ..RegistrationStatus::default()
     };
-    apply_status(ctx, &requests_api(ctx, req), &req.name_any(), &status).await?;
+    record(ctx, req, &status).await?;
     event(
         ctx,
         req,
@@ -343,9 +350,18 @@ async fn write_status(
         message: Some(message.to_string()),
         ..RegistrationStatus::default()
     };
-    apply_status(ctx, &requests_api(ctx, req), &req.name_any(), &status)
-        .await
-        .map(|_| ())
+    record(ctx, req, &status).await
+}
+
+/// Applies `status` to `req` and remembers the result until the request cache shows it.
+async fn record(
+    ctx: &Context,
+    req: &ClusterRegistrationRequest,
+    status: &RegistrationStatus,
+) -> Result<(), Error> {
+    let after = apply_status(ctx, &requests_api(ctx, req), &req.name_any(), status).await?;
+    ctx.written_requests.wrote(key(req), Some(req), Some(after));
+    Ok(())
 }
 
 fn reason_label(reason: RegistrationReason) -> &'static str {

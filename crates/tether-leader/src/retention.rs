@@ -18,7 +18,7 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use tether_api::registration::RegistrationReason;
+use tether_api::registration::{RegistrationReason, RegistrationResult};
 use tether_api::{ClusterRegistrationRequest, ManagedCluster};
 use tracing::{debug, info};
 
@@ -94,10 +94,7 @@ pub async fn expire_denied(req: &ClusterRegistrationRequest, ctx: &Context) -> R
     if !left.is_zero() {
         return Ok(Action::requeue(left + Duration::from_secs(1)));
     }
-    delete(ctx, &api(ctx, req), &req.name_any()).await?;
-    info!(request = %req.name_any(), namespace = %req.namespace().unwrap_or_default(),
-          retention = ?ctx.denied_retention, "Deleted a denied registration request after its retention");
-    Ok(Action::await_change())
+    gone(req, ctx, RegistrationResult::Denied, ctx.denied_retention).await
 }
 
 /// Deletes the Approved `req` once it may go (`approved_left`); until then, comes back when it may.
@@ -114,14 +111,28 @@ pub async fn expire_approved(req: &ClusterRegistrationRequest, ctx: &Context) ->
     if !left.is_zero() {
         return Ok(Action::requeue(left + Duration::from_secs(1)));
     }
-    delete(ctx, &api(ctx, req), &req.name_any()).await?;
-    debug!(request = %req.name_any(), namespace = %req.namespace().unwrap_or_default(),
-           retention = ?ctx.approved_retention, "Deleted an approved registration request after its retention");
-    Ok(Action::await_change())
+    gone(req, ctx, RegistrationResult::Approved, ctx.approved_retention).await
 }
 
-fn api(ctx: &Context, req: &ClusterRegistrationRequest) -> Api<ClusterRegistrationRequest> {
-    Api::namespaced(ctx.client.clone(), &req.namespace().unwrap_or_default())
+/// Deletes `req`, decided as `decision`, whose `retention` has passed.
+async fn gone(
+    req: &ClusterRegistrationRequest,
+    ctx: &Context,
+    decision: RegistrationResult,
+    retention: Duration,
+) -> Result<Action, Error> {
+    let namespace = req.namespace().unwrap_or_default();
+    let api = Api::<ClusterRegistrationRequest>::namespaced(ctx.client.clone(), &namespace);
+    delete(ctx, &api, &req.name_any()).await?;
+    let (request, denied) = (req.name_any(), decision == RegistrationResult::Denied);
+    let decision = format!("{decision:?}");
+    // NB: a denial is rare and worth a line; approved requests go one per member.
+    if denied {
+        info!(%request, %namespace, %decision, ?retention, "Deleted a decided registration request after its retention");
+    } else {
+        debug!(%request, %namespace, %decision, ?retention, "Deleted a decided registration request after its retention");
+    }
+    Ok(Action::await_change())
 }
 
 #[cfg(test)]

@@ -108,6 +108,7 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         sets: sets.store(),
         clusters: clusters.store(),
         written_clusters: Default::default(),
+        written_requests: Default::default(),
         announces: announces.store(),
         leases: leases.store(),
         nudge,
