@@ -70,6 +70,23 @@ impl Apis {
         out
     }
 
+    /// Has each collect its garbage now (a heap profile with `gc=1`, read and dropped); false
+    /// if one does not serve `/debug/pprof` (started without `--profiling`).
+    pub(super) async fn collect_garbage(&self) -> bool {
+        use http_body_util::BodyExt;
+        let mut all = true;
+        for (client, _) in &self.servers {
+            let req = http::Request::get("/debug/pprof/heap?gc=1")
+                .body(kube::client::Body::empty())
+                .expect("request");
+            all &= match client.send(req).await {
+                Ok(r) if r.status().is_success() => r.into_body().collect().await.is_ok(),
+                _ => false,
+            };
+        }
+        all
+    }
+
     /// CPU time of all of them, in clock ticks.
     pub(super) fn cpu_ticks(&self) -> u64 {
         self.servers.iter().map(|(_, pid)| cpu_ticks(*pid)).sum()

@@ -7,8 +7,17 @@ use super::*;
 pub struct Held {
     /// Resident memory, MiB.
     pub rss: f64,
-    /// Go heap in use, MiB (`go_memstats_heap_inuse_bytes`; kube-apiserver only).
+    /// Go heap in use, MiB (`go_memstats_heap_inuse_bytes`; kube-apiserver only): live objects,
+    /// garbage not yet collected and fragmentation.
     pub heap: f64,
+    /// Live heap, MiB: `go_memstats_heap_alloc_bytes` read just after a forced garbage
+    /// collection, so it also counts what was allocated in between (milliseconds; sampled at
+    /// rest). kube-apiserver only; NaN if it does not serve `/debug/pprof`.
+    pub live: f64,
+    /// Past events kube-apiserver's watch caches hold room for (`watch_cache_capacity`, summed
+    /// over resources). Each holds a full object; a burst of writes grows them and only later
+    /// writes shrink them again (`watchCacheHistory.resizeCacheLocked`).
+    pub history: f64,
     /// Goroutines (kube-apiserver only).
     pub goroutines: f64,
     /// Open file descriptors.
@@ -16,11 +25,25 @@ pub struct Held {
 }
 
 impl Held {
+    /// Both figures added (e.g. a member's and its tunnel's share).
+    pub(super) fn plus(self, other: Held) -> Held {
+        Held {
+            rss: self.rss + other.rss,
+            heap: self.heap + other.heap,
+            live: self.live + other.live,
+            history: self.history + other.history,
+            goroutines: self.goroutines + other.goroutines,
+            fds: self.fds + other.fds,
+        }
+    }
+
     pub(super) fn minus(self, other: Held, per: usize) -> Held {
         let per = per.max(1) as f64;
         Held {
             rss: (self.rss - other.rss) * 1024.0 / per,
             heap: (self.heap - other.heap) * 1024.0 / per,
+            live: (self.live - other.live) * 1024.0 / per,
+            history: (self.history - other.history) / per,
             goroutines: (self.goroutines - other.goroutines) / per,
             fds: (self.fds - other.fds) / per,
         }
@@ -38,11 +61,18 @@ pub(super) fn fds(pid: u32) -> f64 {
 
 /// What the kube-apiservers (all of them, summed) and etcd hold now.
 pub(super) async fn held(apis: &Apis, etcd: u32) -> (Held, f64) {
+    let collected = apis.collect_garbage().await;
     let texts = apis.metrics().await;
     let sum = |series: &str| texts.iter().filter_map(|t| metric(t, series)).sum::<f64>();
     let api_held = Held {
         rss: apis.rss(),
         heap: sum("go_memstats_heap_inuse_bytes") / 1024.0 / 1024.0,
+        live: if collected {
+            sum("go_memstats_heap_alloc_bytes") / 1024.0 / 1024.0
+        } else {
+            f64::NAN
+        },
+        history: texts.iter().map(|t| sum_of(t, "watch_cache_capacity")).sum(),
         goroutines: sum("go_goroutines"),
         fds: apis.pids().into_iter().map(fds).sum(),
     };
@@ -76,6 +106,8 @@ pub(super) async fn held_settled(apis: &Apis, etcd: u32, settle: Duration) -> (H
         Held {
             rss: median(samples.iter().map(|s| s.0.rss).collect()),
             heap: median(samples.iter().map(|s| s.0.heap).collect()),
+            live: median(samples.iter().map(|s| s.0.live).collect()),
+            history: median(samples.iter().map(|s| s.0.history).collect()),
             goroutines: median(samples.iter().map(|s| s.0.goroutines).collect()),
             fds: median(samples.iter().map(|s| s.0.fds).collect()),
         },

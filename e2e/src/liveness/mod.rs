@@ -122,6 +122,7 @@ struct Running {
 pub async fn run(s: &Settings) -> Outcome {
     let n = s.members;
     let mut cluster = TestCluster::builder(&format!("live-{n}"))
+        .profiling(true)
         .start()
         .await
         .expect("control plane");

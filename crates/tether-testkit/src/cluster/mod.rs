@@ -37,6 +37,7 @@ pub struct ClusterBuilder {
     controller_manager: bool,
     wait_for_controllers: bool,
     audit_log: bool,
+    profiling: bool,
     bootstrap_tokens: bool,
     root: Option<PathBuf>,
     nodes: usize,
@@ -107,6 +108,13 @@ impl ClusterBuilder {
         self
     }
 
+    /// Serves `/debug/pprof` (kube-apiserver's `--profiling`), e.g. for a benchmark to force a
+    /// garbage collection before it reads the live heap. Also on with `TETHER_TESTKIT_PROFILING=1`.
+    pub fn profiling(mut self, on: bool) -> Self {
+        self.profiling = on;
+        self
+    }
+
     /// Starts the cluster and waits until it serves requests.
     pub async fn start(self) -> Result<TestCluster, Error> {
         let tools = Tools::locate_version(self.kubernetes.as_deref())?;
@@ -164,6 +172,7 @@ impl TestCluster {
             controller_manager: true,
             wait_for_controllers: true,
             audit_log: false,
+            profiling: false,
             bootstrap_tokens: true,
             root: None,
             nodes: 0,
@@ -242,7 +251,8 @@ impl TestCluster {
             controllers: opts.controller_manager,
             audit_log: opts.audit_log,
             // NB: `/debug/pprof` for a benchmark's profile (TETHER_TESTKIT_PROFILING=1).
-            profiling: std::env::var_os("TETHER_TESTKIT_PROFILING").is_some_and(|v| v == "1"),
+            profiling: opts.profiling
+                || std::env::var_os("TETHER_TESTKIT_PROFILING").is_some_and(|v| v == "1"),
         };
         let mut api = Command::new(tools.path("kube-apiserver"));
         api.args(apiserver_args(&files, ports, &asked));
