@@ -332,7 +332,10 @@ pub(crate) async fn mint_credential(
     Ok((credential, expiry))
 }
 
-fn requests_api(ctx: &Context, req: &ClusterRegistrationRequest) -> Api<ClusterRegistrationRequest> {
+pub(crate) fn requests_api(
+    ctx: &Context,
+    req: &ClusterRegistrationRequest,
+) -> Api<ClusterRegistrationRequest> {
     Api::namespaced(ctx.client.clone(), &req.namespace().unwrap_or_default())
 }
 

@@ -14,7 +14,6 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
@@ -22,6 +21,7 @@ use tether_api::registration::{RegistrationReason, RegistrationResult};
 use tether_api::{ClusterRegistrationRequest, ManagedCluster};
 use tracing::{debug, info};
 
+use crate::registration::requests_api;
 use crate::write::delete;
 use crate::{Context, Error};
 
@@ -121,9 +121,8 @@ async fn gone(
     decision: RegistrationResult,
     retention: Duration,
 ) -> Result<Action, Error> {
+    delete(ctx, &requests_api(ctx, req), &req.name_any()).await?;
     let namespace = req.namespace().unwrap_or_default();
-    let api = Api::<ClusterRegistrationRequest>::namespaced(ctx.client.clone(), &namespace);
-    delete(ctx, &api, &req.name_any()).await?;
     let (request, denied) = (req.name_any(), decision == RegistrationResult::Denied);
     let decision = format!("{decision:?}");
     // NB: a denial is rare and worth a line; approved requests go one per member.

@@ -88,7 +88,7 @@ pub fn report(o: &Outcome) -> String {
     let held = |h: &(Held, f64)| {
         format!(
             "kube-apiserver {:.1} KiB RSS, {:.1} KiB heap ({:.1} KiB live after a forced GC), {:.2} goroutines, \
-             {:.2} fds, {:.1} past events in its watch caches; etcd {:.1} KiB RSS",
+             {:.2} fds, {:.1} watch-cache history slots; etcd {:.1} KiB RSS",
             h.0.rss, h.0.heap, h.0.live, h.0.goroutines, h.0.fds, h.0.history, h.1
         )
     };
