@@ -21,9 +21,12 @@ use tether_api::ClusterSet;
 use tether_e2e::pods::{self, Helm, NAMESPACE, PodFleet, chart_pods, ready_members, shell, step, text};
 use tether_testkit::{TestCluster, eventually};
 
+#[path = "nodes/killed.rs"]
+mod killed;
 #[path = "nodes/support.rs"]
 mod support;
 
+use killed::killed_agent_pod;
 use support::*;
 
 fn main() -> ExitCode {
@@ -124,6 +127,8 @@ async fn real_pods() {
     assert_eq!(agents, vec![("east", app), ("west", app)], "{versions}");
 
     member_access(start, leader, members).await;
+    let (_, east, _) = members.iter().find(|m| m.0 == "east").expect("east");
+    killed_agent_pod(start, leader, east).await;
 
     step(
         start,

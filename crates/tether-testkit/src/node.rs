@@ -196,6 +196,30 @@ impl Node {
         cmd
     }
 
+    /// Holds the node's kubelet (`SIGSTOP`, `held`) or lets it go on (`SIGCONT`): while it is
+    /// held, nothing on the node is restarted, as on a node whose kubelet hangs.
+    pub fn hold_kubelet(&self, held: bool) -> Result<(), Error> {
+        use nix::sys::signal::{Signal, kill};
+        let pid = self
+            .kubelet_pid()
+            .ok_or_else(|| Error::Lab(format!("node {}: no kubelet process", self.name)))?;
+        let signal = if held { Signal::SIGSTOP } else { Signal::SIGCONT };
+        kill(nix::unistd::Pid::from_raw(pid), signal)
+            .map_err(|e| Error::Lab(format!("node {}: {signal} to kubelet {pid}: {e}", self.name)))
+    }
+
+    /// The node's kubelet: the process started with this node's root directory.
+    fn kubelet_pid(&self) -> Option<i32> {
+        let root = format!("--root-dir={}", self.dir.join("kubelet").display());
+        fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = fs::read(entry.path().join("cmdline")).ok()?;
+            let mut args = cmdline.split(|b| *b == 0).map(String::from_utf8_lossy);
+            let exe = args.next()?;
+            (exe.ends_with("kubelet") && args.any(|a| a == root)).then_some(pid)
+        })
+    }
+
     /// `Some(status)` if the node's init process has exited (a node process died).
     pub fn exited(&mut self) -> Option<String> {
         self.init.as_mut().and_then(Proc::exited)
