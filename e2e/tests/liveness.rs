@@ -18,11 +18,12 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
+use kube::ResourceExt;
 use kube::api::Api;
 use serde_json::json;
-use tether_api::MemberClusterAnnounce;
 use tether_api::clusterset::LeaderSpec;
 use tether_api::conditions::{ConditionType, find};
+use tether_api::{ManagedCluster, MemberClusterAnnounce};
 use tether_e2e::access::wait_tunnel;
 use tether_e2e::fleet::{self, LeaderSide, duration, managed};
 use tether_e2e::sim::{join_token, ns_of};
@@ -106,6 +107,38 @@ async fn never_unknown(admin: &Client, names: &[&str], window: Duration, what: &
     }
 }
 
+/// Watches every ManagedCluster and records, per member, each Ready reason it showed, in order
+/// (a version that repeats the last reason adds nothing).
+fn ready_reasons(admin: &Client) -> (tokio::task::JoinHandle<()>, Reasons) {
+    use futures::StreamExt;
+    use kube::runtime::watcher::{Config, Event, watcher};
+    let seen = Reasons::default();
+    let (api, record) = (Api::<ManagedCluster>::all(admin.clone()), seen.clone());
+    let task = tokio::spawn(async move {
+        let mut events = std::pin::pin!(watcher(api, Config::default()));
+        while let Some(event) = events.next().await {
+            let (Ok(Event::Apply(mc)) | Ok(Event::InitApply(mc))) = event else {
+                continue;
+            };
+            let Some(ready) = mc
+                .status
+                .as_ref()
+                .and_then(|s| find(&s.conditions, ConditionType::Ready))
+            else {
+                continue;
+            };
+            let mut seen = record.lock().expect("lock");
+            let reasons = seen.entry(mc.name_any()).or_default();
+            if reasons.last() != Some(&ready.reason) {
+                reasons.push(ready.reason.clone());
+            }
+        }
+    });
+    (task, seen)
+}
+
+type Reasons = std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, Vec<String>>>>;
+
 async fn lease_renewed(admin: &Client, name: &str) -> Option<String> {
     Api::<Lease>::namespaced(admin.clone(), &ns_of(name))
         .get(name)
@@ -161,6 +194,7 @@ async fn liveness() {
         .await;
     let admin = leader.admin.clone();
     let token = join_token(&admin).await;
+    let (watching, reasons) = ready_reasons(&admin);
     let (east, west, north) = futures::join!(
         fleet::member("east", &leader, &token, json!({})),
         fleet::member("west", &leader, &token, json!({})),
@@ -181,6 +215,21 @@ async fn liveness() {
         Duration::from_secs(60),
     )
     .await;
+    // NB: an agent with member access sends its first renewal once its tunnel attached, so the
+    // leader declares it Ready on both at once: one status write, never HeartbeatReceived first.
+    watching.abort();
+    let reasons = reasons.lock().expect("lock").clone();
+    for (m, first) in [
+        ("east", "TunnelAlive"),
+        ("west", "TunnelAlive"),
+        ("north", "HeartbeatReceived"),
+    ] {
+        assert_eq!(
+            reasons.get(m),
+            Some(&vec![first.to_string()]),
+            "{m}'s Ready reasons as it joined"
+        );
+    }
     let announces =
         futures::future::join_all(["east", "west", "north"].map(|m| announce_version(&admin, m))).await;
 

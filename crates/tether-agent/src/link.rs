@@ -1,6 +1,7 @@
 //! What the tunnel and the heartbeat tell each other: whether the tunnel is attached (the
-//! heartbeat renews rarely while it is), and the ping interval the leader asks for (read from
-//! each heartbeat, used by the tunnel).
+//! heartbeat renews rarely while it is) and whether its first dial ended (the first renewal
+//! waits for it), and the ping interval the leader asks for (read from each heartbeat, used by
+//! the tunnel).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -15,6 +16,7 @@ pub const DEFAULT_PING: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub struct Link {
     attached: watch::Sender<bool>,
+    dialled: watch::Sender<bool>,
     ping_millis: AtomicU64,
 }
 
@@ -22,6 +24,7 @@ impl Default for Link {
     fn default() -> Self {
         Self {
             attached: watch::Sender::new(false),
+            dialled: watch::Sender::new(false),
             ping_millis: AtomicU64::new(DEFAULT_PING.as_millis() as u64),
         }
     }
@@ -37,6 +40,16 @@ impl Link {
     /// Whether the tunnel is attached now, and a receiver of changes.
     pub fn attached(&self) -> watch::Receiver<bool> {
         self.attached.subscribe()
+    }
+
+    /// A dial of the tunnel ended, attached or not (after `set_attached(true)` when it did).
+    pub fn set_dialled(&self) {
+        self.dialled.send_if_modified(|d| !std::mem::replace(d, true));
+    }
+
+    /// Whether a dial of the tunnel has ended yet, and a receiver of that.
+    pub fn dialled(&self) -> watch::Receiver<bool> {
+        self.dialled.subscribe()
     }
 
     /// How often to ping the tunnel.

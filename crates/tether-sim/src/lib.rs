@@ -23,7 +23,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::Api;
 use kube::client::ConfigExt;
-use tether_agent::heartbeat::{Intervals, renew};
+use tether_agent::heartbeat::{FIRST_ATTACH_WAIT, Intervals, first_attach, renew};
 use tether_agent::link::Link;
 use tether_agent::register::{Registration, Target, register};
 use tether_join::discovery::{self, Trust};
@@ -128,6 +128,8 @@ pub struct Fleet {
     /// connection pool and a client with the join token; members take them in turn.
     reaches: Vec<(Arc<Reach>, Client)>,
     next: std::sync::atomic::AtomicUsize,
+    /// The set whose members dial their tunnel as they join, if they do (`tunnels_at_join`).
+    tunnels_in: Option<String>,
     /// Counters of all members of this fleet.
     pub stats: Arc<Stats>,
 }
@@ -156,8 +158,16 @@ impl Fleet {
             join,
             reaches: vec![(reach, bootstrap)],
             next: Default::default(),
+            tunnels_in: None,
             stats: Arc::default(),
         })
+    }
+
+    /// Members joining from now on dial their tunnel to set `set` once registered and send their
+    /// first heartbeat once it attached (or `FIRST_ATTACH_WAIT` passed), as an agent with member
+    /// access does; each keeps it in `Member::tunnel_task`.
+    pub fn tunnels_at_join(&mut self, set: &str) {
+        self.tunnels_in = Some(set.to_string());
     }
 
     /// Adds another API server of the same leader control plane (`url`, serving with the same
@@ -172,7 +182,8 @@ impl Fleet {
     }
 
     /// Registers the member `name` (also its cluster ID) with the agent's registration code,
-    /// sends its first heartbeat and its first status report.
+    /// (with `tunnels_at_join`, attaches its tunnel,) sends its first heartbeat and its first
+    /// status report.
     pub async fn join(&self, name: &str) -> Result<(Member, Timings), Error> {
         let (identity, recipient) = tether_seal::generate_keypair();
         let started = Instant::now();
@@ -210,7 +221,12 @@ impl Fleet {
             stored,
             reach: reach.clone(),
             key: identity,
+            tunnel_task: None,
         };
+        if let Some(set) = &self.tunnels_in {
+            member.tunnel_task = Some(tokio::spawn(member.tunnel(set)));
+            first_attach(&member.link, FIRST_ATTACH_WAIT).await;
+        }
         // As the agent does: a fresh credential's 403 may be RBAC still reaching the authorizer.
         let mut forbidden = Settle::forbidden();
         member.intervals = loop {

@@ -44,6 +44,8 @@ pub struct Member {
     pub(crate) reach: Arc<Reach>,
     /// Its private key (proves the member at each tunnel attach).
     pub(crate) key: String,
+    /// Its tunnel, when it dialled it as it joined (`Fleet::tunnels_at_join`).
+    pub tunnel_task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Member {

@@ -181,6 +181,10 @@ pub async fn run(s: &Settings) -> Outcome {
     for url in &urls {
         sim.also_through(url).expect("another API server of the leader");
     }
+    if s.attach_at_join {
+        // NB: as agents do: the tunnel first, then the first heartbeat.
+        sim.tunnels_at_join("prod");
+    }
     let leader_alone = rss_mib(leader.controller.pid(), "VmRSS");
 
     let at_join = s.attach_at_join;
@@ -199,17 +203,14 @@ pub async fn run(s: &Settings) -> Outcome {
     let names: Vec<String> = (0..n).map(|i| format!("live-{i:05}")).collect();
     let mut running: Vec<Running> = Vec::with_capacity(n);
     let mut tunnels = Vec::with_capacity(n);
-    tether_sim::join_all(&sim, names.clone(), s.concurrency, |m, _| {
+    tether_sim::join_all(&sim, names.clone(), s.concurrency, |mut m, _| {
         // NB: each heartbeats from the moment it is in, as an agent does.
         let cancel = CancellationToken::new();
         let i = running.len();
-        let tunnel = m.tunnel("prod");
-        let tunnel = if at_join {
-            Some(tokio::spawn(tunnel))
-        } else {
-            tunnels.push(tunnel);
-            None
-        };
+        let tunnel = m.tunnel_task.take();
+        if !at_join {
+            tunnels.push(m.tunnel("prod"));
+        }
         running.push(Running {
             name: m.name.clone(),
             heartbeat: cancel.clone(),

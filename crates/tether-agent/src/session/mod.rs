@@ -239,6 +239,7 @@ async fn serve(sh: &Arc<Shared>) -> Result<(), Error> {
             &sh.status,
             client_rx.clone(),
             &link,
+            ctx.access.is_some(),
             &namespace,
             &name
         ),

@@ -130,7 +130,11 @@ pub async fn run(
     loop {
         let client = leader.borrow_and_update().clone();
         let started = Instant::now();
-        let ended = match dial(&client, &at).await {
+        let dialled = dial(&client, &at).await;
+        if dialled.is_err() {
+            link.set_dialled();
+        }
+        let ended = match dialled {
             Ok(attached) => {
                 access.metrics.attach("attached");
                 info!(namespace = %at.namespace, on_demand = attached.on_demand, "Tunnel to the leader attached");
@@ -146,6 +150,7 @@ pub async fn run(
                 // answers on is redialled as soon as the leader would call it lost.
                 let ping = link.ping();
                 link.set_attached(true);
+                link.set_dialled();
                 access.metrics.set_tunnel_attached(true);
                 let served = serve(attached, m, ping);
                 tokio::pin!(served);
