@@ -36,7 +36,8 @@ use crate::{Error, FIELD_MANAGER, Metrics};
 const DETACHED_WAIT: u32 = 3;
 /// Under a leader without heartbeat Leases, how often the agent tries its Lease again.
 const LEASE_RETRY: Duration = Duration::from_secs(300);
-/// How long the first renewal of a session waits for the tunnel to attach (member access on).
+/// How long the first renewal of a session waits at most for the tunnel's first dial to end
+/// (member access on; `first_attach`).
 pub const FIRST_ATTACH_WAIT: Duration = Duration::from_secs(5);
 
 /// The intervals the leader asks for.

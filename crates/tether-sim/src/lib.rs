@@ -164,8 +164,8 @@ impl Fleet {
     }
 
     /// Members joining from now on dial their tunnel to set `set` once registered and send their
-    /// first heartbeat once it attached (or `FIRST_ATTACH_WAIT` passed), as an agent with member
-    /// access does; each keeps it in `Member::tunnel_task`.
+    /// first heartbeat once its first dial ended (at most `FIRST_ATTACH_WAIT` later), as an agent
+    /// with member access does; each keeps it in `Member::tunnel_task`.
     pub fn tunnels_at_join(&mut self, set: &str) {
         self.tunnels_in = Some(set.to_string());
     }
