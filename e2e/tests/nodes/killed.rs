@@ -56,10 +56,8 @@ pub(super) async fn killed_agent_pod(start: Instant, leader: &TestCluster, east:
             "east's agent pod killed (SIGKILL, its kubelet held): Unknown (TunnelLost) within the detection time ({detection:?})"
         ),
     );
-    assert_eq!(
-        ready_of(leader, "east").await,
-        Ok(("True".into(), "TunnelAlive".into()))
-    );
+    // NB: member access just replaced east's agent pod (a helm upgrade): let it settle.
+    wait_ready_of(leader, "east", ("True", "TunnelAlive"), Duration::from_secs(60)).await;
     let pods = chart_pods(east, "tether-agent").await;
     let [(pod, _, before)] = pods.as_slice() else {
         panic!(
