@@ -47,13 +47,8 @@ lint: ## rustfmt check and clippy with warnings denied
 build: ## Build every crate
 	$(CARGO) build --locked --workspace --all-targets
 
-test: tools check-generated lint image ## Everything CI checks: tools, generated files, lints, the image, the release's quick checks, unit, real-cluster and real-pod tests
-	@echo "== the release's quick checks (e2e/release.sh --quick: the linux/amd64 CLI archive, both charts packaged, the krew manifest validated)"
-	@bash e2e/release.sh --quick
-	@echo "== cargo build -p tether-controller -p tether-cli -p tether-sim (the e2e tests run the real binaries)"
-	$(CARGO) build --locked -p tether-controller -p tether-cli -p tether-sim
-	@echo "== cargo test (real control planes; tests/nodes.rs: real nodes running the image's pods; tests/renewal.rs beside the rest)"
-	CARGO="$(CARGO)" e2e/run-tests.sh
+test: ## Everything CI checks, as one job graph (e2e/runner: tools, generated files, lints, the image, the release's quick checks, unit, real-cluster and real-pod tests, side by side where they wait); ends with where the time went (target/test-times.txt). ONLY=e2e/agent runs a part and what it needs
+	$(CARGO) run --locked -q -p tether-testrun -- $(ONLY)
 
 test-compat: image ## The member-side tests on every supported Kubernetes version (e2e/versions.env; builds them once, cached; about 40 min; NODES=0 skips the node tier)
 	@bash e2e/tools.sh --compat

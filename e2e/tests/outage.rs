@@ -7,7 +7,7 @@
 //! grace period; the banned one never returns.
 //!
 //! About 13 minutes, so it is ignored by a plain `cargo test`; `make test` runs it with
-//! `--ignored` beside the other tests (e2e/run-tests.sh).
+//! `--ignored` beside the other tests (e2e/runner).
 
 use std::process::{ExitCode, Output};
 use std::time::{Duration, Instant};
