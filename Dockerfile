@@ -28,7 +28,10 @@ FROM scratch AS prebuilt
 # The Rust target the binaries were built for: `make release` builds the arm64 image from
 # aarch64-unknown-linux-musl binaries (buildah bud --arch arm64 --build-arg RUST_TARGET=...).
 ARG RUST_TARGET=x86_64-unknown-linux-musl
-COPY target/${RUST_TARGET}/release/tether-controller target/${RUST_TARGET}/release/tether /out/
+# Where they are: the release build's folder; `make test` builds the node tier's image from its
+# own test build instead (e2e/image.sh --test-build: BINARY_DIR=target/images/test-build).
+ARG BINARY_DIR=target/${RUST_TARGET}/release
+COPY ${BINARY_DIR}/tether-controller ${BINARY_DIR}/tether /out/
 
 FROM ${BINARIES} AS binaries
 

@@ -14,9 +14,11 @@
 # linux/arm64 fails.
 #   e2e/release.sh          everything (tens of minutes on 2 cores, the first time)
 #   e2e/release.sh --quick  what `make test` checks, in target/release-quick/: the linux/amd64 CLI
-#                           archive (run from it), both charts packaged, the krew manifest of that
-#                           archive validated. tests/nodes.rs installs the leader from the packaged
-#                           chart through a local OCI registry.
+#                           archive (run from it) of the test build's binary (the one the node
+#                           tier's image holds, e2e/image.sh --test-build: the archive's layout,
+#                           not the release build, is what is checked), both charts packaged, the
+#                           krew manifest of that archive validated. tests/nodes.rs installs the
+#                           leader from the packaged chart through a local OCI registry.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -40,13 +42,14 @@ die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 rm -rf "$out"; mkdir -p "$out"
 skipped=()
 
-# archive <rust target> <os> <arch>: the CLI archive of that target's `tether`.
+# archive <rust target> <os> <arch> [folder]: the CLI archive of that target's `tether` (from its
+# release build, or from `folder`).
 archive() {
-  local target=$1 os=$2 arch=$3 exe=tether name dir
+  local target=$1 os=$2 arch=$3 from=${4:-target/$1/release} exe=tether name dir
   [[ $os == windows ]] && exe=tether.exe
   name=tether_${version}_${os}_${arch}
   dir=$(mktemp -d)
-  cp "target/$target/release/$exe" LICENSE README.md "$dir/"
+  cp "$from/$exe" LICENSE README.md "$dir/"
   if [[ $os == windows ]]; then
     (cd "$dir" && python3 -c 'import sys, zipfile
 with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as z:
@@ -55,13 +58,20 @@ with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as z:
     tar -C "$dir" --owner=0 --group=0 --mtime=@0 -czf "$out/$name.tar.gz" "$exe" LICENSE README.md
   fi
   rm -rf "$dir"
-  say "  $name ($(du -h "target/$target/release/$exe" | cut -f1) binary)"
+  say "  $name ($(du -h "$from/$exe" | cut -f1) binary)"
 }
 
-# The linux/amd64 binaries are the image's own (e2e/image.sh, `make image`).
-say "linux/amd64: the image's static binaries (e2e/image.sh)"
-bash e2e/image.sh >/dev/null
-archive x86_64-unknown-linux-musl linux amd64
+# The linux/amd64 binaries are the image's own (e2e/image.sh: `make image`, or make test's).
+if $quick; then
+  test_build=target/images/test-build
+  [[ -x $test_build/tether ]] || die "$test_build/tether is missing: make test's image job (e2e/image.sh --test-build) makes it"
+  say "linux/amd64: the test build's static binary (e2e/image.sh --test-build)"
+  archive x86_64-unknown-linux-musl linux amd64 "$test_build"
+else
+  say "linux/amd64: the image's static binaries (e2e/image.sh)"
+  bash e2e/image.sh >/dev/null
+  archive x86_64-unknown-linux-musl linux amd64
+fi
 
 say "helm package both charts"
 for chart in tether-leader tether-agent; do

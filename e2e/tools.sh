@@ -10,8 +10,10 @@
 #                          binaries, in .tools/bin) and the control plane of $KUBERNETES_OLDEST
 #   e2e/tools.sh --compat  also every binary of every version in $KUBERNETES_VERSIONS (make test-compat)
 #   e2e/tools.sh --check   exit 1 if anything `make test` needs is missing, install nothing
-#   e2e/tools.sh --only P  one part: packages, kubernetes, oldest, etcd, helm or programs (make
-#                          test's job graph, e2e/runner, runs the parts side by side)
+#   e2e/tools.sh --only P  one part (make test's job graph, e2e/runner, runs them side by side):
+#                          packages, etcd, helm, programs, kubernetes (the control plane of
+#                          $KUBERNETES_VERSION), nodes (its kubelet, kube-proxy, kube-scheduler),
+#                          oldest (the control plane of $KUBERNETES_OLDEST)
 # The Kubernetes and etcd builds are keyed by version and by their module's go.mod and go.sum,
 # the Go programs by their sources: a changed input builds again, an unchanged one never.
 # Each version's binaries are also linked into .tools/k8s/<version>/ (with etcd), where the
@@ -57,6 +59,7 @@ with_progress() {
 
 k8s_tools=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 control_plane=(kube-apiserver kube-controller-manager)
+node_tools=(kube-scheduler kubelet kube-proxy)
 compat=false check=false only=
 while (($#)); do
   case $1 in
@@ -65,8 +68,8 @@ while (($#)); do
     --only)
       only=${2:-}; shift
       case $only in
-        packages | kubernetes | oldest | etcd | helm | programs) ;;
-        *) die "--only takes packages, kubernetes, oldest, etcd, helm or programs (got '$only')" ;;
+        packages | kubernetes | nodes | oldest | etcd | helm | programs) ;;
+        *) die "--only takes packages, kubernetes, nodes, oldest, etcd, helm or programs (got '$only')" ;;
       esac ;;
     *) die "unknown argument '$1' (use --check, --compat or --only PART)" ;;
   esac
@@ -80,18 +83,23 @@ k8s_dir() {
   echo "$cache/kubernetes-$1-$(cat "$module/go.mod" "$module/go.sum" 2>/dev/null | sha256sum | cut -c1-12)"
 }
 
-# "version:tool tool ..." for every Kubernetes build of part `kubernetes` (the default version,
-# and with --compat every supported one) or `oldest` (the oldest's control plane).
+# "version:tool tool ..." for every Kubernetes build of a part: `kubernetes` (the default
+# version's control plane), `nodes` (its node binaries; with --compat every supported version's
+# five) or `oldest` (the oldest's control plane).
 wanted() {
   local part=$1 v
-  if [[ $part == kubernetes ]]; then
-    echo "$KUBERNETES_VERSION:${k8s_tools[*]}"
-    if $compat; then
-      for v in $KUBERNETES_VERSIONS; do echo "$v:${k8s_tools[*]}"; done
-    fi
-  elif [[ $KUBERNETES_OLDEST != "$KUBERNETES_VERSION" ]]; then
-    echo "$KUBERNETES_OLDEST:${control_plane[*]}"
-  fi
+  case $part in
+    kubernetes) echo "$KUBERNETES_VERSION:${control_plane[*]}" ;;
+    nodes)
+      echo "$KUBERNETES_VERSION:${node_tools[*]}"
+      if $compat; then
+        for v in $KUBERNETES_VERSIONS; do echo "$v:${k8s_tools[*]}"; done
+      fi ;;
+    oldest)
+      if [[ $KUBERNETES_OLDEST != "$KUBERNETES_VERSION" ]]; then
+        echo "$KUBERNETES_OLDEST:${control_plane[*]}"
+      fi ;;
+  esac
 }
 
 # The tools of `version` (from the rest of the arguments) that are not built yet.
@@ -128,7 +136,9 @@ build_kubernetes() {
     ld+=" -X $p.gitVersion=$version -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
   done
   local dir tmp
-  dir=$(k8s_dir "$version"); tmp="$dir.partial"
+  # NB: a folder of its own per build: the control plane and the node binaries of one version
+  # may build side by side.
+  dir=$(k8s_dir "$version"); tmp="$dir.partial-$$"
   rm -rf "$tmp"; mkdir -p "$tmp"
   say "building Kubernetes $version: $*"
   say "(cold: 5-20 min and a few GB of memory per version; later runs use the Go build cache)"
@@ -150,7 +160,7 @@ build_e2e_program() {
   say "building $name (e2e/$name: $why)"
   tmp="$dir.partial"; rm -rf "$tmp"; mkdir -p "$tmp"
   cd "$root/e2e/$name"
-  with_progress "go build ($name)" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/$name" .
+  with_progress "go build ($name)" env CGO_ENABLED=0 go build -p "$(nproc)" -trimpath -ldflags "-s -w" -o "$tmp/$name" .
   if [[ -n $then ]]; then "$then" "$tmp"; fi
   rm -rf "$dir"; mv "$tmp" "$dir"
   say "$name built"
@@ -173,7 +183,7 @@ go_install() {
   go_ready
   say "building $name $version ($pkg)"
   rm -rf "$dir.partial"; mkdir -p "$dir.partial"
-  with_progress "go install ($name)" env GOBIN="$dir.partial" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" "$pkg@$version"
+  with_progress "go install ($name)" env GOBIN="$dir.partial" CGO_ENABLED=0 go install -p "$(nproc)" -trimpath -ldflags "-s -w" "$pkg@$version"
   rm -rf "$dir"; mv "$dir.partial" "$dir"
   say "$name built"
 }
@@ -247,14 +257,12 @@ install_kubernetes() {
 link_kubernetes() {
   local t v line
   mkdir -p "$bin"
-  if [[ $1 == kubernetes ]]; then
-    for t in "${k8s_tools[@]}"; do ln -sfn "$(k8s_dir "$KUBERNETES_VERSION")/$t" "$bin/$t"; done
-  fi
   while read -r line; do
     v=${line%%:*}
     mkdir -p "$root/.tools/k8s/$v"
-    for t in "${k8s_tools[@]}"; do
-      if [[ -x "$(k8s_dir "$v")/$t" ]]; then ln -sfn "$(k8s_dir "$v")/$t" "$root/.tools/k8s/$v/$t"; fi
+    for t in ${line#*:}; do
+      ln -sfn "$(k8s_dir "$v")/$t" "$root/.tools/k8s/$v/$t"
+      if [[ $v == "$KUBERNETES_VERSION" ]]; then ln -sfn "$(k8s_dir "$v")/$t" "$bin/$t"; fi
     done
   done < <(wanted "$1")
 }
@@ -265,7 +273,7 @@ install_etcd() {
   say "building etcd $ETCD_VERSION"
   local tmp="$etcd_dir.partial"; rm -rf "$tmp"; mkdir -p "$tmp"
   cd "$root/e2e/controlplane/etcd"
-  with_progress "go build (etcd)" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/etcd" .
+  with_progress "go build (etcd)" env CGO_ENABLED=0 go build -p "$(nproc)" -trimpath -ldflags "-s -w" -o "$tmp/etcd" .
   "$tmp/etcd" --version | grep -q "${ETCD_VERSION#v}" || die "etcd reports the wrong version"
   rm -rf "$etcd_dir"; mv "$tmp" "$etcd_dir"
   say "etcd built"
@@ -350,12 +358,13 @@ install_packages() {
 }
 link_packages() { :; }
 
-# Each part is named by its function suffix; kubernetes and oldest share theirs.
-have() { case $1 in oldest) have_kubernetes oldest ;; kubernetes) have_kubernetes kubernetes ;; *) "have_$1" ;; esac; }
-install() { case $1 in oldest) install_kubernetes oldest ;; kubernetes) install_kubernetes kubernetes ;; *) "install_$1" ;; esac; }
-link() { case $1 in oldest) link_kubernetes oldest ;; kubernetes) link_kubernetes kubernetes ;; *) "link_$1" ;; esac; }
+# Each part is named by its function suffix; kubernetes, nodes and oldest share theirs.
+k8s_part() { [[ $1 == kubernetes || $1 == nodes || $1 == oldest ]]; }
+have() { if k8s_part "$1"; then have_kubernetes "$1"; else "have_$1"; fi; }
+install() { if k8s_part "$1"; then install_kubernetes "$1"; else "install_$1"; fi; }
+link() { if k8s_part "$1"; then link_kubernetes "$1"; else "link_$1"; fi; }
 
-parts=(kubernetes oldest etcd programs helm packages)
+parts=(etcd kubernetes nodes oldest programs helm packages)
 [[ -n $only ]] && parts=("$only")
 
 if $check; then

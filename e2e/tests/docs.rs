@@ -121,24 +121,34 @@ async fn member(leader: &TestCluster, name: &str) -> Option<ManagedCluster> {
 }
 
 /// Waits until member `name` is Ready at the leader (a join, a rejoin, an unban).
-async fn wait_ready(w: &World, name: &str, why: &str) {
+async fn wait_ready(w: &World, name: &'static str, why: &str) {
     step(
         w.start,
         &format!("  (waiting: {name} Ready at the leader, {why})"),
     );
-    tether_testkit::eventually(
-        &format!("{name} Ready at the leader ({why})"),
-        Duration::from_secs(180),
-        || async {
-            let ready = pods::ready_members(&w.leader).await;
-            if ready.iter().any(|(n, _)| n == name) {
-                Ok(())
-            } else {
-                Err(format!("Ready: {ready:?}"))
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut ready = pods::ready_members(&w.leader).await;
+    while !ready.iter().any(|(n, _)| n == name) {
+        if Instant::now() >= deadline {
+            // What the agent and the leader made of it, before the clusters go.
+            let diagnose = [
+                (
+                    Who::Member(name),
+                    "kubectl -n tether-system logs deploy/tether-agent --tail=60",
+                ),
+                (
+                    Who::Leader,
+                    "kubectl get clsrr -A -o wide; kubectl get mcls -A -o wide",
+                ),
+            ];
+            for (who, cmd) in diagnose {
+                eprintln!("{who:?}$ {cmd}\n{}", pods::text(&w.bash(who, cmd)));
             }
-        },
-    )
-    .await;
+            panic!("timed out after 180s waiting for {name} Ready at the leader ({why}); Ready: {ready:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        ready = pods::ready_members(&w.leader).await;
+    }
 }
 
 /// Waits until every Ready member has a ClusterProfile in `ns` that says it Joined (the set

@@ -45,8 +45,15 @@ pub fn log_path(logs: &Path, name: &str) -> PathBuf {
     logs.join(format!("{}.log", name.replace('/', "-")))
 }
 
-/// Starts `job`: builds under `nice`, tests as they are.
-pub fn start(index: usize, job: &Job, logs: &Path, cgroups: Option<&Path>) -> std::io::Result<Running> {
+/// Starts `job` with the run's environment `env` and its own: builds under `nice`, tests as they
+/// are.
+pub fn start(
+    index: usize,
+    job: &Job,
+    env: &[(String, String)],
+    logs: &Path,
+    cgroups: Option<&Path>,
+) -> std::io::Result<Running> {
     let log = log_path(logs, &job.name);
     let out = File::create(&log)?;
     let err = out.try_clone()?;
@@ -73,6 +80,7 @@ pub fn start(index: usize, job: &Job, logs: &Path, cgroups: Option<&Path>) -> st
         }
     };
     let child = cmd
+        .envs(env.iter().chain(&job.env).map(|(k, v)| (k, v)))
         .current_dir(&job.cwd)
         .stdin(Stdio::null())
         .stdout(Stdio::from(out))

@@ -136,6 +136,7 @@ mod tests {
             needs: needs.iter().map(|s| s.to_string()).collect(),
             argv: vec!["true".into()],
             cwd: PathBuf::from("."),
+            env: Vec::new(),
             estimate: Duration::from_secs(secs),
             timeout: Duration::from_secs(60),
         }
