@@ -94,13 +94,29 @@ pub fn next(jobs: &[Job], states: &[State], ranks: &[Duration], limits: Limits) 
             }
         }
     }
+    // NB: a build whose only unmet needs are downloads under way (the test build waits for the
+    // Rust target's install) keeps its build slot from lower-ranked builds: without that, a
+    // ten-minute tool build took the slot in the seconds before it, on the critical path.
+    let running_fetch = |name: &String| {
+        jobs.iter()
+            .position(|k| k.name == *name)
+            .is_some_and(|k| states[k] == State::Running && jobs[k].class == Class::Fetch)
+    };
+    let about_ready = |i: usize| {
+        jobs[i].class == Class::Build
+            && jobs[i].needs.iter().any(|n| !done_ok(n))
+            && jobs[i].needs.iter().all(|n| done_ok(n) || running_fetch(n))
+    };
     let mut ready: Vec<usize> = (0..jobs.len())
-        .filter(|&i| states[i] == State::Waiting && jobs[i].needs.iter().all(done_ok))
+        .filter(|&i| {
+            states[i] == State::Waiting && (jobs[i].needs.iter().all(done_ok) || about_ready(i))
+        })
         .collect();
     ready.sort_by(|&a, &b| ranks[b].cmp(&ranks[a]).then(a.cmp(&b)));
     let mut start = Vec::new();
     for i in ready {
         match jobs[i].class {
+            Class::Build if builds < limits.builds && about_ready(i) => builds += 1,
             Class::Build if builds < limits.builds => {
                 builds += 1;
                 start.push(i);
@@ -221,6 +237,16 @@ mod tests {
                 vec!["image", "helm", "t"],
             ),
             (
+                "a build waiting only on a download under way keeps its slot from a lower one",
+                vec![
+                    j("packages", Class::Fetch, &[], 5),
+                    j("build", Class::Build, &["packages"], 50),
+                    j("tools", Class::Build, &[], 40),
+                ],
+                vec![State::Running, State::Waiting, State::Waiting],
+                vec![],
+            ),
+            (
                 "a running build holds the next back",
                 vec![
                     j("image", Class::Build, &[], 50),
@@ -239,6 +265,54 @@ mod tests {
         for (what, jobs, states, want) in cases {
             let r = ranks(&jobs);
             assert_eq!(names(&jobs, &next(&jobs, &states, &r, LIMITS)), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_build_about_to_be_ready_keeps_one_build_slot() {
+        let two = Limits {
+            builds: 2,
+            ..LIMITS
+        };
+        // (what, jobs, states, expected starts)
+        type Case = (&'static str, Vec<Job>, Vec<State>, Vec<&'static str>);
+        let cases: Vec<Case> = vec![
+            (
+                "the other slot goes to the next build",
+                vec![
+                    j("packages", Class::Fetch, &[], 5),
+                    j("build", Class::Build, &["packages"], 50),
+                    j("tools", Class::Build, &[], 40),
+                    j("other", Class::Build, &[], 30),
+                ],
+                vec![State::Running, State::Waiting, State::Waiting, State::Waiting],
+                vec!["tools"],
+            ),
+            (
+                "a build waiting on a build holds nothing",
+                vec![
+                    j("build", Class::Build, &[], 50),
+                    j("image", Class::Build, &["build"], 50),
+                    j("tools", Class::Build, &[], 10),
+                ],
+                vec![State::Running, State::Waiting, State::Waiting],
+                vec!["tools"],
+            ),
+            (
+                "a lower-ranked build waiting on a download holds nothing from a higher one",
+                vec![
+                    j("packages", Class::Fetch, &[], 5),
+                    j("small", Class::Build, &["packages"], 5),
+                    j("big", Class::Build, &[], 100),
+                    j("mid", Class::Build, &[], 50),
+                ],
+                vec![State::Running, State::Waiting, State::Waiting, State::Waiting],
+                vec!["big", "mid"],
+            ),
+        ];
+        for (what, jobs, states, want) in cases {
+            let r = ranks(&jobs);
+            assert_eq!(names(&jobs, &next(&jobs, &states, &r, two)), want, "{what}");
         }
     }
 
