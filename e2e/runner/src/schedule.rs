@@ -94,13 +94,14 @@ pub fn next(jobs: &[Job], states: &[State], ranks: &[Duration], limits: Limits) 
             }
         }
     }
-    // NB: a build whose only unmet needs are downloads under way (the test build waits for the
-    // Rust target's install) keeps its build slot from lower-ranked builds: without that, a
-    // ten-minute tool build took the slot in the seconds before it, on the critical path.
+    // NB: a build whose only unmet needs are downloads, started or about to be (the test build
+    // waits for the Rust target's install), keeps its build slot from lower-ranked builds:
+    // without that, a ten-minute tool build took the slot in the seconds before it, on the
+    // critical path.
     let running_fetch = |name: &String| {
-        jobs.iter()
-            .position(|k| k.name == *name)
-            .is_some_and(|k| states[k] == State::Running && jobs[k].class == Class::Fetch)
+        jobs.iter().position(|k| k.name == *name).is_some_and(|k| {
+            matches!(states[k], State::Running | State::Waiting) && jobs[k].class == Class::Fetch
+        })
     };
     let about_ready = |i: usize| {
         jobs[i].class == Class::Build
@@ -108,9 +109,7 @@ pub fn next(jobs: &[Job], states: &[State], ranks: &[Duration], limits: Limits) 
             && jobs[i].needs.iter().all(|n| done_ok(n) || running_fetch(n))
     };
     let mut ready: Vec<usize> = (0..jobs.len())
-        .filter(|&i| {
-            states[i] == State::Waiting && (jobs[i].needs.iter().all(done_ok) || about_ready(i))
-        })
+        .filter(|&i| states[i] == State::Waiting && (jobs[i].needs.iter().all(done_ok) || about_ready(i)))
         .collect();
     ready.sort_by(|&a, &b| ranks[b].cmp(&ranks[a]).then(a.cmp(&b)));
     let mut start = Vec::new();
@@ -247,6 +246,16 @@ mod tests {
                 vec![],
             ),
             (
+                "and on one about to start, at the very first pick",
+                vec![
+                    j("packages", Class::Fetch, &[], 5),
+                    j("build", Class::Build, &["packages"], 50),
+                    j("tools", Class::Build, &[], 40),
+                ],
+                vec![State::Waiting, State::Waiting, State::Waiting],
+                vec!["packages"],
+            ),
+            (
                 "a running build holds the next back",
                 vec![
                     j("image", Class::Build, &[], 50),
@@ -270,10 +279,7 @@ mod tests {
 
     #[test]
     fn a_build_about_to_be_ready_keeps_one_build_slot() {
-        let two = Limits {
-            builds: 2,
-            ..LIMITS
-        };
+        let two = Limits { builds: 2, ..LIMITS };
         // (what, jobs, states, expected starts)
         type Case = (&'static str, Vec<Job>, Vec<State>, Vec<&'static str>);
         let cases: Vec<Case> = vec![
