@@ -27,7 +27,6 @@ cache=${TETHER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tether}
 bin="$root/.tools/bin"
 layer_dir="$cache/helm-$HELM_VERSION-kubectl-$KUBECTL_VERSION"
 helm3_dir="$cache/helm-$HELM3_VERSION"
-registry_dir="$cache/registry-$REGISTRY_VERSION"
 krew_dir="$cache/krew-$KREW_VERSION"
 promop_dir="$cache/prometheus-operator-crds-$PROMETHEUS_OPERATOR_VERSION"
 etcd_dir="$cache/etcd-$ETCD_VERSION-$(cat "$root"/e2e/controlplane/etcd/{go.mod,go.sum} | sha256sum | cut -c1-12)"
@@ -35,6 +34,7 @@ etcd_dir="$cache/etcd-$ETCD_VERSION-$(cat "$root"/e2e/controlplane/etcd/{go.mod,
 promlint_dir="$cache/promlint-$(cat "$root"/e2e/promlint/{go.mod,go.sum,main.go} | sha256sum | cut -c1-16)"
 consumer_dir="$cache/clusterprofile-consumer-$(cat "$root"/e2e/clusterprofile-consumer/{go.mod,go.sum,main.go} | sha256sum | cut -c1-16)"
 mc_consumer_dir="$cache/multicluster-consumer-$(cat "$root"/e2e/multicluster-consumer/{go.mod,go.sum,main.go} | sha256sum | cut -c1-16)"
+registry_dir="$cache/registry-$(cat "$root"/e2e/registry/{go.mod,go.sum,main.go} | sha256sum | cut -c1-16)"
 start=$SECONDS
 mkdir -p "$cache"
 
@@ -171,11 +171,6 @@ copy_upstream_crd() {
   cp "$(go list -m -f '{{.Dir}}' sigs.k8s.io/cluster-inventory-api)/config/crd/bases/multicluster.x-k8s.io_clusterprofiles.yaml" "$1/"
 }
 
-# Upstream's ClusterProfile CRD beside the consumer: tests/inventory.rs checks config/upstream/ against it.
-copy_upstream_crd() {
-  cp "$(go list -m -f '{{.Dir}}' sigs.k8s.io/cluster-inventory-api)/config/crd/bases/multicluster.x-k8s.io_clusterprofiles.yaml" "$1/"
-}
-
 # `go install`s module package `pkg` at `version` into `dir`.
 go_install() {
   local pkg=$1 version=$2 dir=$3 name
@@ -299,7 +294,9 @@ install_programs() {
   build_e2e_program clusterprofile-consumer "$consumer_dir" \
     "cluster-inventory-api's pkg/access, as ClusterProfile consumers use it" copy_upstream_crd
   build_e2e_program multicluster-consumer "$mc_consumer_dir" "multicluster-runtime's manager and clusters provider"
-  [[ -x "$registry_dir/registry" ]] || go_install "$REGISTRY_MODULE" "$REGISTRY_VERSION" "$registry_dir"
+  grep -q "distribution/v3 $REGISTRY_VERSION\$" "$root/e2e/registry/go.mod" \
+    || die "e2e/registry/go.mod does not require distribution $REGISTRY_VERSION (e2e/versions.env)"
+  build_e2e_program registry "$registry_dir" "distribution $REGISTRY_VERSION's registry server, filesystem storage only"
   [[ -x "$krew_dir/validate-krew-manifest" ]] || go_install "$KREW_VALIDATOR_MODULE" "$KREW_VERSION" "$krew_dir"
   [[ -f "$promop_dir/monitoring.coreos.com_servicemonitors.yaml" ]] || fetch_prometheus_crds
 }
