@@ -145,11 +145,7 @@ pub async fn leader_counter(leader: &LeaderSide, series: &str) -> f64 {
 /// member registered (read from its ManagedCluster), now.
 pub async fn sealed(leader: &LeaderSide, name: &str, user: &str, token: &str) -> String {
     let mc = managed(&leader.admin, name).await.expect("member");
-    let key = mc
-        .annotations()
-        .get(tether_api::annotations::PUBLIC_KEY)
-        .cloned()
-        .expect("registered key");
+    let key = mc.spec.public_key.clone().expect("registered key");
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());

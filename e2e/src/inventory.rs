@@ -69,7 +69,7 @@ pub async fn client_from_profile(leader: &LeaderSide, name: &str, sa: &str, dir:
         "users": [{"name": "u", "user": {"exec": {
             "apiVersion": "client.authentication.k8s.io/v1",
             "command": binary("tether").expect("tether binary"),
-            "args": ["credential", "--token-file", file],
+            "args": ["credential", "--leader-url", leader.cluster.url(), "--token-file", file],
             "provideClusterInfo": true, "interactiveMode": "Never"}}}],
         "contexts": [{"name": "c", "context": {"cluster": "m", "user": "u"}}],
     }))
@@ -213,7 +213,8 @@ pub async fn upstream_consumer_sees_every_member(
         &providers,
         json!({"providers": [{"name": "tether", "execConfig": {
             "apiVersion": "client.authentication.k8s.io/v1", "command": tether,
-            "args": ["credential", "--token-file", token_file], "provideClusterInfo": true}}]})
+            "args": ["credential", "--leader-url", leader.cluster.url(), "--token-file", token_file],
+            "provideClusterInfo": true}}]})
         .to_string(),
     )
     .expect("provider file");
@@ -284,4 +285,133 @@ pub async fn upstream_consumer_sees_every_member(
             "{said}"
         );
     }
+}
+
+/// Finding 5 of the trust review, as the attacker does it: whoever may write ClusterProfiles (or
+/// their status) points member `name`'s `tether` access provider at a server of theirs, with
+/// their own CA so that TLS succeeds, and waits for consumers' tokens. A consumer builds its
+/// client from that profile with `tether credential` as the exec plugin, once as the docs
+/// before `--leader-url` said and once as they say now; the attacker's server records every
+/// `Authorization` header it is sent. It must record none, and the plugin must say why.
+pub async fn a_profile_naming_another_server_collects_no_consumer_token(leader: &LeaderSide, name: &str) {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    // The attacker's HTTPS server: a CA and serving certificate of its own, on loopback.
+    let pki = tether_testkit::pki::Pki::generate("attacker").expect("the attacker's PKI");
+    let cert = CertificateDer::from_pem_slice(pki.serving_cert.as_bytes()).expect("certificate");
+    let key = PrivateKeyDer::from_pem_slice(pki.serving_key.as_bytes()).expect("key");
+    let tls = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("protocols")
+    .with_no_client_auth()
+    .with_single_cert(vec![cert], key)
+    .expect("server config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(tls));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("listen");
+    let server = format!(
+        "https://127.0.0.1:{}",
+        listener.local_addr().expect("addr").port()
+    );
+    let heard = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let collector = {
+        let heard = heard.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, heard) = (acceptor.clone(), heard.clone());
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let mut buf = vec![0; 16 * 1024];
+                    let n = tls.read(&mut buf).await.unwrap_or(0);
+                    let request = String::from_utf8_lossy(&buf[..n]).to_string();
+                    for line in request.lines() {
+                        if line.to_ascii_lowercase().starts_with("authorization:") {
+                            heard.lock().expect("lock").push(line.to_string());
+                        }
+                    }
+                    let _ = tls
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+                        .await;
+                });
+            }
+        })
+    };
+
+    // The profile as the attacker rewrote it: the leader's own entry, but their server and CA.
+    let p = profiles(&leader.admin, INVENTORY)
+        .get(name)
+        .await
+        .expect("profile");
+    let mut cluster = p
+        .status
+        .and_then(|s| s.access_providers.into_iter().find(|a| a.name == "tether"))
+        .expect("the tether access provider")
+        .cluster;
+    cluster.server = Some(server.clone());
+    cluster.certificate_authority = None;
+    cluster.certificate_authority_data = Some(base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        &pki.ca_cert,
+    ));
+    let dir = tempfile::tempdir().expect("dir");
+    let token = crate::service_account_token(&leader.admin, "apps", "consumer")
+        .await
+        .expect("token");
+    let file = dir.path().join("consumer.token");
+    std::fs::write(&file, &token).expect("token file");
+    let tether = binary("tether").expect("tether binary");
+    let file = file.display().to_string();
+    let ways = [
+        (
+            "as the docs said before --leader-url",
+            vec!["credential", "--token-file", &file],
+        ),
+        (
+            "naming its leader",
+            vec![
+                "credential",
+                "--leader-url",
+                leader.cluster.url(),
+                "--token-file",
+                &file,
+            ],
+        ),
+    ];
+    for (how, args) in ways {
+        let kubeconfig: kube::config::Kubeconfig = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "clusters": [{"name": "m", "cluster": cluster}],
+            "users": [{"name": "u", "user": {"exec": {
+                "apiVersion": "client.authentication.k8s.io/v1", "command": tether, "args": args,
+                "provideClusterInfo": true, "interactiveMode": "Never"}}}],
+            "contexts": [{"name": "c", "context": {"cluster": "m", "user": "u"}}],
+        }))
+        .expect("kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .expect("config");
+        let consumer = Client::try_from(config).expect("client");
+        let err = node_names(&consumer)
+            .await
+            .expect_err("a consumer gets nothing from the attacker's server");
+        eprintln!("a consumer {how}, at the attacker's {server}: {err}");
+        let said = format!("{err:?}");
+        assert!(
+            said.contains(&server) || said.contains("--leader-url"),
+            "the plugin says why ({how}): {said}"
+        );
+        assert!(
+            heard.lock().expect("lock").is_empty(),
+            "the attacker's server was sent a token ({how}): {:?}",
+            heard.lock().expect("lock")
+        );
+    }
+    collector.abort();
 }

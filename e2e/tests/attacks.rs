@@ -5,7 +5,8 @@
 //! its tunnel, a second attach with the member's own key (replaced, with a Warning), a flood of
 //! idle connections, a peer without the front proxy's certificate, trickled request bodies, a
 //! malformed pass-through credential, forged audit fields, an anonymous caller at `rejoin`, a
-//! member's identity asking to attach in a loop to push the fleet's turns out, and
+//! member's identity asking to attach in a loop to push the fleet's turns out, a ManagedCluster
+//! patcher re-keying a member, a join-token holder taking a silent member's name or ID, and
 //! revocation (the agent's
 //! ServiceAccount deleted, the member removed) closing the tunnel within 10 s.
 //!
@@ -35,11 +36,18 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[path = "attacks/bounds.rs"]
 mod bounds;
+#[path = "attacks/identity.rs"]
+mod identity;
 #[path = "attacks/pace.rs"]
 mod pace;
 #[path = "attacks/replace.rs"]
 mod replace;
 
+use identity::{
+    a_ban_written_into_the_set_closes_the_tunnel_and_holds_whatever_the_cluster_reports,
+    a_join_token_holder_cannot_take_a_silent_members_name_or_id,
+    a_members_key_cannot_be_changed_by_whoever_may_patch_managedclusters,
+};
 use pace::one_member_asking_to_attach_in_a_loop_holds_one_turn_and_pushes_no_other_out;
 
 use replace::an_attach_with_the_members_own_key_replaces_the_tunnel_with_a_warning;
@@ -86,8 +94,11 @@ fn main() -> ExitCode {
             six_hundred_idle_connections_are_closed_within_30_s_without_a_restart,
             trickled_request_bodies_are_bounded_and_others_are_served,
             one_member_asking_to_attach_in_a_loop_holds_one_turn_and_pushes_no_other_out,
+            a_members_key_cannot_be_changed_by_whoever_may_patch_managedclusters,
+            a_join_token_holder_cannot_take_a_silent_members_name_or_id,
             deleting_the_agents_service_account_closes_its_tunnel_within_10_s,
             removing_a_member_closes_its_tunnel_within_10_s,
+            a_ban_written_into_the_set_closes_the_tunnel_and_holds_whatever_the_cluster_reports,
         ],
     )
 }

@@ -317,6 +317,17 @@ fn the_leader_chart_scopes_its_service_account_and_offers_a_network_policy() {
         "bound to the release's ServiceAccount: {condition}"
     );
     assert!(kinds(&served).contains(&"ValidatingAdmissionPolicyBinding".to_string()));
+    // The member-key policy exempts the release's own ServiceAccount, no other.
+    let keys = served
+        .iter()
+        .find(|v| v["kind"] == "ValidatingAdmissionPolicy" && v["metadata"]["name"] == "tether-member-keys")
+        .expect("the member-key policy");
+    assert!(
+        keys["spec"]["matchConditions"][0]["expression"]
+            .as_str()
+            .is_some_and(|c| c.contains("!= 'system:serviceaccount:fleet:tether-leader'")),
+        "{keys}"
+    );
     assert!(
         !kinds(&served).contains(&"NetworkPolicy".to_string()),
         "off by default"

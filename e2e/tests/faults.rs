@@ -229,7 +229,7 @@ async fn leader_api_server_outage_etcd_pause_and_restart_lose_nothing() {
 }
 
 #[tokio::test]
-async fn an_agent_that_lost_its_key_and_credential_rejoins_as_the_same_cluster() {
+async fn an_agent_that_lost_its_key_rejoins_as_the_same_cluster_once_an_admin_approves_its_new_key() {
     let (leader, _token, mut members) = fleet_of("lost-leader", &["lost"]).await;
     let m = &mut members[0];
     let id = kube_system_uid(m).await;
@@ -258,6 +258,47 @@ async fn an_agent_that_lost_its_key_and_credential_rejoins_as_the_same_cluster()
     }
     let lost = Instant::now();
     m.start_agent();
+    // A new key is a new identity (trust invariant 1): the agent's request names the silent
+    // member and waits for an admin, who looked and approves it with the command it names.
+    let request = eventually(
+        "the new key's request waits for an admin, naming the member",
+        Duration::from_secs(60),
+        || async {
+            let reqs = Api::<tether_api::ClusterRegistrationRequest>::namespaced(leader.admin.clone(), HOME)
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            reqs.items
+                .into_iter()
+                .find(|r| {
+                    r.spec.cluster_id == id
+                        && r.status.as_ref().is_some_and(|s| {
+                            s.reason == tether_api::registration::RegistrationReason::ReplacesMember
+                                && s.message.as_deref().is_some_and(|m| m.contains("member lost"))
+                        })
+                })
+                .ok_or_else(|| "no request waiting as ReplacesMember yet".to_string())
+        },
+    )
+    .await;
+    let name = request.metadata.name.clone().expect("request name");
+    let message = request.status.and_then(|s| s.message).unwrap_or_default();
+    assert!(
+        message.contains(&format!("tether approve {name} -n {HOME}")),
+        "the wait names the command that replaces the member: {message}"
+    );
+    let out =
+        tokio::process::Command::new(tether_testkit::controller::binary("tether").expect("tether binary"))
+            .arg(format!("--kubeconfig={}", leader.cluster.kubeconfig().display()))
+            .args(["approve", &name, "-n", HOME])
+            .output()
+            .await
+            .expect("tether approve");
+    assert!(
+        out.status.success(),
+        "tether approve: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     eventually(
         "a new credential issued for the same cluster",
         Duration::from_secs(60),
@@ -285,9 +326,15 @@ async fn an_agent_that_lost_its_key_and_credential_rejoins_as_the_same_cluster()
     );
     let after = managed(&leader.admin, "lost").await.expect("lost");
     assert_eq!(after.spec.cluster_id, id, "the same cluster ID");
-    assert_eq!(
+    // NB: its key is set once (spec.publicKey): with a new key the member is a new object in
+    // the same namespace.
+    assert_ne!(
         after.metadata.uid, uid_before,
-        "the same ManagedCluster, not a new one"
+        "a new ManagedCluster for the new key"
+    );
+    assert_ne!(
+        after.spec.public_key, before.spec.public_key,
+        "the new key is the member's"
     );
     assert_eq!(
         after.metadata.namespace.as_deref(),

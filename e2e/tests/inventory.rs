@@ -30,8 +30,8 @@ use tether_e2e::access::wait_tunnel;
 use tether_e2e::create_namespace;
 use tether_e2e::fleet::{self, LeaderSide, duration, managed};
 use tether_e2e::inventory::{
-    CONSUMER, INVENTORY, OUTSIDER, consumers_reach_members, profiles, tether,
-    upstream_consumer_sees_every_member,
+    CONSUMER, INVENTORY, OUTSIDER, a_profile_naming_another_server_collects_no_consumer_token,
+    consumers_reach_members, profiles, tether, upstream_consumer_sees_every_member,
 };
 use tether_e2e::sim::{HOME, SET, join_token, ns_of};
 use tether_testkit::{TestCluster, eventually, free_port, lab};
@@ -352,6 +352,9 @@ async fn inventory() {
 
     step("cluster-inventory-api's own access library reaches every member through its profile");
     upstream_consumer_sees_every_member(&leader, &[("east", &east), ("west", &west)]).await;
+
+    step("a profile rewritten to name the attacker's server collects no consumer token");
+    a_profile_naming_another_server_collects_no_consumer_token(&leader, "east").await;
 
     step("nothing is written at steady state");
     let before = versions(&admin).await;

@@ -140,7 +140,10 @@ async fn outage() {
         .await
         .expect("set");
     assert!(
-        set.spec.leader.as_ref().is_some_and(|l| l.is_banned(&gone_id)),
+        set.spec
+            .leader
+            .as_ref()
+            .is_some_and(|l| l.banned_cluster_ids.iter().any(|b| b.0 == gone_id)),
         "{:?}",
         set.spec
     );

@@ -8,8 +8,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::validation::{
-    CA_CERT_HASH, DNS1123_LABEL, DNS1123_SUBDOMAIN, DURATION, IMMUTABLE_RULE, LABELS_RULE, MAX_CLUSTER_ID,
-    MAX_CLUSTER_NAME, MAX_LABELS, NO_RESERVED_LABELS_MESSAGE, NO_RESERVED_LABELS_RULE,
+    AGE_RECIPIENT, CA_CERT_HASH, DNS1123_LABEL, DNS1123_SUBDOMAIN, DURATION, IMMUTABLE_RULE, LABELS_RULE,
+    MAX_CLUSTER_ID, MAX_CLUSTER_NAME, MAX_LABELS, NO_RESERVED_LABELS_MESSAGE, NO_RESERVED_LABELS_RULE,
 };
 
 /// Most entries in the leader's member summary; the full list is `kubectl get mcls -A -l ...`.
@@ -130,6 +130,14 @@ pub struct LeaderSpec {
     #[schemars(length(max = MAX_BANNED_CLUSTERS))]
     #[x_kube(merge_strategy = ListMerge::Set)]
     pub banned_cluster_ids: Vec<ClusterRef>,
+    /// Clusters that may not be members, each named by what the member was: its cluster ID, its
+    /// name and its key (`tether member remove --ban` writes all three). A cluster reports its
+    /// own ID and name, so a banned cluster that comes back under a new ID is still known by
+    /// its name or its key; a request or member matching any field of a ban is refused as
+    /// `bannedClusterIDs` says. `tether member unban` lifts the bans naming an ID or name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_BANNED_CLUSTERS))]
+    pub bans: Vec<Ban>,
     /// Where the set's members are published for tools outside Tether, as SIG-Multicluster
     /// ClusterProfiles (`multicluster.x-k8s.io`), when the leader runs with them enabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -179,6 +187,7 @@ impl Default for LeaderSpec {
             tunnel_ping_misses: default_tunnel_ping_misses(),
             credential_ttl: default_credential_ttl(),
             banned_cluster_ids: Vec::new(),
+            bans: Vec::new(),
             inventory: None,
         }
     }
@@ -255,9 +264,30 @@ impl LeaderSpec {
         positive(&self.credential_ttl)
     }
 
-    /// Whether cluster ID `id` is banned from the set.
-    pub fn is_banned(&self, id: &str) -> bool {
-        self.banned_cluster_ids.iter().any(|b| b.0 == id)
+    /// What bans a cluster that reports cluster ID `id`, name `name` and key `key`, if anything
+    /// does: the first matching field of `bannedClusterIDs` and `bans`.
+    pub fn ban_of(&self, id: &str, name: &str, key: Option<&str>) -> Option<Banned> {
+        if self.banned_cluster_ids.iter().any(|b| b.0 == id) {
+            return Some(Banned {
+                matched: format!("cluster ID {id}"),
+                unban: id.to_string(),
+            });
+        }
+        self.bans.iter().find_map(|b| {
+            let matched = if b.cluster_id.as_ref().is_some_and(|b| b.0 == id) {
+                format!("cluster ID {id}")
+            } else if b.cluster_name.as_ref().is_some_and(|b| b.0 == name) {
+                format!("cluster name {name}")
+            } else if let Some(k) = key.filter(|k| b.public_key.as_ref().is_some_and(|b| b.0 == *k)) {
+                format!("key {k}")
+            } else {
+                return None;
+            };
+            Some(Banned {
+                matched,
+                unban: b.handle().to_string(),
+            })
+        })
     }
 }
 
@@ -285,6 +315,63 @@ pub struct ApprovalPolicy {
     #[x_kube(merge_strategy = ListMerge::Set)]
     pub allowed_clusters: Option<Vec<ClusterRef>>,
 }
+
+/// What a ban matched of a request or member.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Banned {
+    /// What matched: `cluster ID x`, `cluster name y`, `key age1...`.
+    pub matched: String,
+    /// What `tether member unban` takes to lift the ban that matched (its ID, else its name,
+    /// else its key).
+    pub unban: String,
+}
+
+impl std::fmt::Display for Banned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.matched)
+    }
+}
+
+/// One ban of a set: what a member was known by, any of which keeps it out.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[x_kube(validation = Rule::new("has(self.clusterID) || has(self.clusterName) || has(self.publicKey)")
+    .message("a ban names a clusterID, a clusterName or a publicKey"))]
+#[serde(rename_all = "camelCase")]
+pub struct Ban {
+    /// The banned cluster ID.
+    #[serde(rename = "clusterID", default, skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<ClusterRef>,
+    /// The banned cluster name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_name: Option<ClusterRef>,
+    /// The banned key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_key: Option<PublicKey>,
+}
+
+impl Ban {
+    /// Whether this ban names cluster ID or name `what`.
+    pub fn names(&self, what: &str) -> bool {
+        self.cluster_id.as_ref().is_some_and(|b| b.0 == what)
+            || self.cluster_name.as_ref().is_some_and(|b| b.0 == what)
+            || self.public_key.as_ref().is_some_and(|b| b.0 == what)
+    }
+
+    /// What names this ban to `tether member unban`: its cluster ID, else its name, else its key.
+    pub fn handle(&self) -> &str {
+        self.cluster_id
+            .as_ref()
+            .map(|b| b.0.as_str())
+            .or(self.cluster_name.as_ref().map(|b| b.0.as_str()))
+            .or(self.public_key.as_ref().map(|b| b.0.as_str()))
+            .unwrap_or_default()
+    }
+}
+
+/// A member's key: an `age` X25519 recipient.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(transparent)]
+pub struct PublicKey(#[schemars(regex(pattern = AGE_RECIPIENT))] pub String);
 
 /// A cluster name or ID (a DNS-1123 subdomain).
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]

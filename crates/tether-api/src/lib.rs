@@ -130,8 +130,10 @@ pub mod agent_secrets {
 
 /// Annotation keys Tether uses.
 pub mod annotations {
-    /// On a ManagedCluster: the public key the member registered with (to recognise re-registration).
-    pub const PUBLIC_KEY: &str = "multicluster.tether.dev/public-key";
+    /// On a ManagedCluster of a leader before 0.3: the public key the member registered with.
+    /// Anyone who may patch ManagedClusters can edit an annotation, so it is never read as the
+    /// key: the leader moves it into `spec.publicKey` once (set-once there) and removes it.
+    pub const LEGACY_PUBLIC_KEY: &str = "multicluster.tether.dev/public-key";
     /// On a ManagedCluster: the agent version its registration request carried, so the leader
     /// judges the version skew from the first status write on, before the agent's first report.
     pub const REGISTERED_AGENT_VERSION: &str = "multicluster.tether.dev/registered-agent-version";

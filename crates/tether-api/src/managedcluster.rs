@@ -9,7 +9,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::validation::{DNS1123_LABEL, DNS1123_SUBDOMAIN, IMMUTABLE_RULE, MAX_CLUSTER_ID};
+use crate::validation::{AGE_RECIPIENT, DNS1123_LABEL, DNS1123_SUBDOMAIN, IMMUTABLE_RULE, MAX_CLUSTER_ID};
 
 /// Most resource names summed in capacity/allocatable.
 pub const MAX_RESOURCES: u32 = 64;
@@ -41,6 +41,8 @@ pub const MAX_RESOURCES: u32 = 64;
         "self.metadata.name.size() <= 63 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')"
     ).message("metadata.name is the cluster name and must be a DNS-1123 label of at most 63 characters")
 )]
+#[x_kube(validation = Rule::new("!has(oldSelf.publicKey) || (has(self.publicKey) && self.publicKey == oldSelf.publicKey)")
+    .message("spec.publicKey is the member's identity: set once, at approval, never changed or removed; an admin replaces a member that lost its key by approving its new registration (`tether approve`)"))]
 #[serde(rename_all = "camelCase")]
 pub struct ManagedClusterSpec {
     /// The member's cluster ID. Immutable.
@@ -52,6 +54,12 @@ pub struct ManagedClusterSpec {
     #[schemars(regex(pattern = DNS1123_LABEL), length(min = 1, max = 63))]
     #[x_kube(validation = Rule::new(IMMUTABLE_RULE).message("clusterSet is immutable"))]
     pub cluster_set: String,
+    /// The key the member registered with (an `age` X25519 recipient): what its agent proves to
+    /// attach its tunnel or rejoin, and what member credentials are sealed to. Written by the
+    /// leader at approval; once set it never changes (a member with a new key is a new object).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = AGE_RECIPIENT))]
+    pub public_key: Option<String>,
 }
 
 /// What the agent observes in its cluster, plus the leader's Ready condition.

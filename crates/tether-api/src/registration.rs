@@ -153,6 +153,9 @@ pub enum RegistrationReason {
     NamespaceConflict,
     /// The cluster ID is in the set's `bannedClusterIDs`.
     Banned,
+    /// It names a silent member's cluster ID or name with another key: an admin decides whether
+    /// it replaces that member (`tether approve`) or not (`tether deny`).
+    ReplacesMember,
 }
 
 /// An admin's decision on a request in Manual mode.

@@ -154,9 +154,10 @@ pub(crate) async fn find_member(target: &Target, m: MemberRef<'_>) -> anyhow::Re
     }
 }
 
-/// The key member `mc` registered with (what pass-through credentials are sealed to).
+/// The key member `mc` registered with (what pass-through credentials are sealed to): the spec
+/// field the leader sets once at approval.
 fn recipient_of(mc: &ManagedCluster) -> Option<String> {
-    mc.annotations().get(tether_api::annotations::PUBLIC_KEY).cloned()
+    mc.spec.public_key.clone()
 }
 
 /// A kubeconfig that reaches member `name` through the leader with the current credentials.

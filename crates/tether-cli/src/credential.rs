@@ -4,6 +4,11 @@
 //! it runs in, else a token file or the output of a command. The consumer then reaches a member
 //! through the leader's proxy as itself: the leader's RBAC on `managedclusters/proxy` and the
 //! member's impersonation allow-list and RBAC decide. Nothing is minted or stored here.
+//!
+//! The token goes only where its owner chose (trust invariant 5): the consumer names its leader
+//! (`--leader-url`, in its provider file), client-go says which server the credential is for
+//! (`provideClusterInfo: true`), and a server that is not the leader gets nothing: a
+//! ClusterProfile rewritten to point elsewhere cannot collect consumers' tokens.
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
@@ -36,11 +41,15 @@ const API_VERSIONS: [&str; 2] = [
     after_help = "Used by client-go as an exec credential plugin, named in a ClusterProfile \
     consumer's provider file:\n  \
     {\"providers\": [{\"name\": \"tether\", \"execConfig\": {\"apiVersion\": \
-    \"client.authentication.k8s.io/v1\", \"command\": \"tether\", \"args\": [\"credential\"], \
-    \"provideClusterInfo\": true}}]}\n\
+    \"client.authentication.k8s.io/v1\", \"command\": \"tether\", \"args\": [\"credential\", \
+    \"--leader-url\", \"https://leader:6443\"], \"provideClusterInfo\": true}}]}\n\
     Run by hand it prints the ExecCredential it would give."
 )]
 pub struct CredentialArgs {
+    /// The leader's URL (`https://host[:port]`): the token is given only for a server there
+    /// (client-go names it with `provideClusterInfo: true`); any other is refused.
+    #[arg(long, value_name = "URL", env = "TETHER_LEADER_URL")]
+    pub leader_url: Option<String>,
     /// Read the token from this file (read anew each time: projected tokens rotate). Default:
     /// the pod's ServiceAccount token.
     #[arg(long, value_name = "FILE", conflicts_with = "token_command")]
@@ -80,6 +89,12 @@ pub struct ExecInfo {
     pub api_version: String,
     /// The member, from `spec.cluster.config`.
     pub member: Option<ExecExtension>,
+    /// The server the credential is for, from `spec.cluster.server` (`provideClusterInfo`).
+    pub server: Option<String>,
+    /// A proxy client-go would send the request through (`spec.cluster.proxy-url`).
+    pub proxy_url: Option<String>,
+    /// Whether client-go would skip verifying the server (`insecure-skip-tls-verify`).
+    pub insecure: bool,
 }
 
 /// Reads `KUBERNETES_EXEC_INFO` (absent when run by hand: then `v1`, no member).
@@ -88,6 +103,9 @@ pub fn exec_info(text: Option<&str>) -> anyhow::Result<ExecInfo> {
         return Ok(ExecInfo {
             api_version: API_VERSIONS[0].into(),
             member: None,
+            server: None,
+            proxy_url: None,
+            insecure: false,
         });
     };
     let v: Value = serde_json::from_str(text).context("KUBERNETES_EXEC_INFO is not JSON")?;
@@ -100,7 +118,88 @@ pub fn exec_info(text: Option<&str>) -> anyhow::Result<ExecInfo> {
         );
     }
     let member = serde_json::from_value(v["spec"]["cluster"]["config"].clone()).ok();
-    Ok(ExecInfo { api_version, member })
+    let cluster = &v["spec"]["cluster"];
+    Ok(ExecInfo {
+        api_version,
+        member,
+        server: cluster["server"].as_str().map(str::to_string),
+        proxy_url: cluster["proxy-url"]
+            .as_str()
+            .filter(|p| !p.trim().is_empty())
+            .map(str::to_string),
+        insecure: cluster["insecure-skip-tls-verify"].as_bool().unwrap_or(false),
+    })
+}
+
+/// `scheme://host:port` of an https URL (the port explicit), lowercased; None if it is not one.
+fn origin(url: &str) -> Option<String> {
+    let uri: http::Uri = url.trim().parse().ok()?;
+    if uri.scheme_str() != Some("https") {
+        return None;
+    }
+    let host = uri.host()?.to_ascii_lowercase();
+    Some(format!("https://{host}:{}", uri.port_u16().unwrap_or(443)))
+}
+
+/// Whether the credential may go where client-go says it goes (`info`, from
+/// `KUBERNETES_EXEC_INFO`; `None` when that is absent) for a consumer whose leader is `leader`:
+/// only to the leader's own origin, directly (no proxy a ClusterProfile named in between) and
+/// verified (a profile's own CA cannot make another server pass for the leader: client-go sends
+/// nothing before TLS verification, so `insecure-skip-tls-verify` is the one way around it).
+/// Without exec information (run by hand) the token is printed only to a terminal, never to a
+/// program that could forward it.
+pub fn check_server(leader: Option<&str>, info: Option<&ExecInfo>, terminal: bool) -> anyhow::Result<()> {
+    let Some(info) = info else {
+        if terminal {
+            return Ok(());
+        }
+        crate::bail_code!(
+            Usage,
+            "tether credential is an exec credential plugin: run by client-go (which sets \
+             KUBERNETES_EXEC_INFO, with provideClusterInfo: true) it gives a token for its leader; \
+             by hand it prints one only to a terminal"
+        );
+    };
+    let Some(leader) = leader else {
+        crate::bail_code!(
+            Usage,
+            "tether credential gives a token only for the leader its consumer names: add \
+             \"--leader-url\", \"https://<the leader's host:port>\" to the exec plugin's args \
+             (or set TETHER_LEADER_URL)"
+        );
+    };
+    let Some(want) = origin(leader) else {
+        crate::bail_code!(Usage, "--leader-url {leader} is not an https:// URL");
+    };
+    let Some(server) = info.server.as_deref() else {
+        crate::bail_code!(
+            Usage,
+            "client-go did not say which server the token is for: set provideClusterInfo: true in \
+             the exec plugin's config"
+        );
+    };
+    if origin(server).as_deref() != Some(want.as_str()) {
+        crate::bail_code!(
+            Usage,
+            "refusing to give a token for {server}: this consumer's leader is {leader} (--leader-url); \
+             a ClusterProfile that names another server was not published by that leader"
+        );
+    }
+    if let Some(proxy) = &info.proxy_url {
+        crate::bail_code!(
+            Usage,
+            "refusing to give a token for {server} through proxy {proxy}: the leader's profiles name \
+             no proxy, and a proxy sees the token whenever TLS is not verified end to end"
+        );
+    }
+    if info.insecure {
+        crate::bail_code!(
+            Usage,
+            "refusing to give a token for {server} without TLS verification \
+             (insecure-skip-tls-verify): whoever answers at that address would read it"
+        );
+    }
+    Ok(())
 }
 
 /// The token's expiry from its JWT `exp` claim, if it is a JWT that has one (not verified: the
@@ -186,7 +285,16 @@ pub async fn credential(args: CredentialArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.install_to {
         return install(dir);
     }
-    let info = exec_info(std::env::var("KUBERNETES_EXEC_INFO").ok().as_deref())?;
+    let exec_info_text = std::env::var("KUBERNETES_EXEC_INFO").ok();
+    let info = exec_info(exec_info_text.as_deref())?;
+    // NB: before the token is read: a refused server learns nothing, not even that one exists.
+    check_server(
+        args.leader_url.as_deref(),
+        exec_info_text
+            .is_some_and(|t| !t.trim().is_empty())
+            .then_some(&info),
+        std::io::IsTerminal::is_terminal(&std::io::stdout()),
+    )?;
     let raw = match (&args.token_command, &args.token_file) {
         (Some(cmd), _) => token_from_command(cmd).await?,
         (None, Some(path)) => token_from_file(path)?,
@@ -255,6 +363,128 @@ mod tests {
     }
 
     #[test]
+    fn a_token_goes_only_to_the_leader_the_consumer_names() {
+        let leader = Some("https://Leader.example:6443");
+        let proxy = "https://leader.example:6443/apis/proxy.multicluster.tether.dev/v1alpha1/namespaces/n/managedclusters/east/proxy";
+        let info = |server: Option<&str>, proxy_url: Option<&str>, insecure: bool| {
+            Some(ExecInfo {
+                api_version: API_VERSIONS[0].into(),
+                member: None,
+                server: server.map(str::to_string),
+                proxy_url: proxy_url.map(str::to_string),
+                insecure,
+            })
+        };
+        // (what, leader flag, exec info, stdout a terminal, allowed)
+        type Case<'a> = (&'a str, Option<&'a str>, Option<ExecInfo>, bool, bool);
+        let cases: Vec<Case> = vec![
+            (
+                "the leader's proxy path",
+                leader,
+                info(Some(proxy), None, false),
+                false,
+                true,
+            ),
+            (
+                "the leader itself",
+                leader,
+                info(Some("https://leader.example:6443"), None, false),
+                false,
+                true,
+            ),
+            ("by hand, to a terminal", None, None, true, true),
+            (
+                "by hand, to a program (no exec info): refused",
+                leader,
+                None,
+                false,
+                false,
+            ),
+            (
+                "another host",
+                leader,
+                info(Some("https://evil.example:6443/apis/x"), None, false),
+                false,
+                false,
+            ),
+            (
+                "another port",
+                leader,
+                info(Some("https://leader.example:7443/apis/x"), None, false),
+                false,
+                false,
+            ),
+            (
+                "plain http",
+                leader,
+                info(Some("http://leader.example:6443/apis/x"), None, false),
+                false,
+                false,
+            ),
+            (
+                "a look-alike host",
+                leader,
+                info(Some("https://leader.example.evil:6443"), None, false),
+                false,
+                false,
+            ),
+            (
+                "userinfo before another host",
+                leader,
+                info(Some("https://leader.example:6443@evil.example/x"), None, false),
+                false,
+                false,
+            ),
+            (
+                "no --leader-url",
+                None,
+                info(Some(proxy), None, false),
+                true,
+                false,
+            ),
+            (
+                "no server (provideClusterInfo off)",
+                leader,
+                info(None, None, false),
+                false,
+                false,
+            ),
+            (
+                "the leader's URL through a profile's proxy",
+                leader,
+                info(Some(proxy), Some("http://evil.example:3128"), false),
+                false,
+                false,
+            ),
+            (
+                "the leader's URL without TLS verification",
+                leader,
+                info(Some(proxy), None, true),
+                false,
+                false,
+            ),
+            (
+                "the default port spelled out",
+                Some("https://leader.example"),
+                info(Some("https://leader.example:443/x"), None, false),
+                false,
+                true,
+            ),
+        ];
+        for (what, leader, info, terminal, allowed) in cases {
+            let got = check_server(leader, info.as_ref(), terminal);
+            assert_eq!(got.is_ok(), allowed, "{what}: {got:?}");
+            if let (Err(e), Some(s)) = (&got, info.as_ref().and_then(|i| i.server.as_deref()))
+                && leader.is_some()
+                && origin(s).is_some()
+            {
+                let text = e.to_string();
+                assert!(text.contains(s), "{what}: the refusal names the server: {text}");
+            }
+        }
+    }
+
+    #[test]
     fn exec_info_names_the_version_and_the_member() {
         let none = exec_info(None).unwrap();
         assert_eq!(none.api_version, "client.authentication.k8s.io/v1");
@@ -266,6 +496,17 @@ mod tests {
         let got = exec_info(Some(&text)).unwrap();
         assert_eq!(got.api_version, "client.authentication.k8s.io/v1beta1");
         assert_eq!(got.member.map(|m| m.cluster_name).as_deref(), Some("east"));
+        assert_eq!(got.server.as_deref(), Some("https://l"));
+        assert_eq!((got.proxy_url, got.insecure), (None, false));
+        let text = json!({"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+            "spec": {"cluster": {"server": "https://l", "proxy-url": "http://p:3128",
+                                 "insecure-skip-tls-verify": true}}})
+        .to_string();
+        let got = exec_info(Some(&text)).unwrap();
+        assert_eq!(
+            (got.proxy_url.as_deref(), got.insecure),
+            (Some("http://p:3128"), true)
+        );
         assert!(exec_info(Some(r#"{"apiVersion": "client.authentication.k8s.io/v2"}"#)).is_err());
         assert!(exec_info(Some("not json")).is_err());
     }

@@ -4,16 +4,16 @@
 //!
 //! The rules:
 //! - a member being deleted, or a namespace being deleted, is waited for;
-//! - a member of that name with another cluster ID (the policy approved it, so it is dead) is
-//!   replaced: it goes first, since the ManagedCluster's ID is immutable and its old credential
-//!   must die;
+//! - a member of that name with another cluster ID (an admin approved the replacement; the
+//!   policy never does) is replaced: it goes first, since the ManagedCluster's ID is immutable
+//!   and its old credential must die;
 //! - the leader adopts no namespace it did not create for this very member;
-//! - the same cluster with a new key (it lost its local state) keeps its namespace and
-//!   everything in it; only its ServiceAccount is recreated, which revokes every token issued
-//!   for the old key.
+//! - the same cluster with a new key (it lost its local state; an admin approved the new key)
+//!   keeps its namespace and everything in it; its ServiceAccount and ManagedCluster are
+//!   recreated, which revokes every token issued for the old key and binds the new one.
 
 use k8s_openapi::api::core::v1::Namespace;
-use kube::{Resource, ResourceExt};
+use kube::Resource;
 use tether_api::registration::RegistrationReason;
 use tether_api::{ClusterRegistrationRequest, ManagedCluster, SetRef};
 
@@ -67,7 +67,7 @@ pub fn plan_approval(
                 old_id: old.spec.cluster_id.clone(),
             };
         }
-        revoke_key = old.annotations().get(tether_api::annotations::PUBLIC_KEY) != Some(&req.spec.public_key);
+        revoke_key = old.spec.public_key.as_ref() != Some(&req.spec.public_key);
     }
     match found {
         Some(ns) if ns.metadata.deletion_timestamp.is_some() => Plan::Requeue,
@@ -123,10 +123,9 @@ mod tests {
             ManagedClusterSpec {
                 cluster_id: id.into(),
                 cluster_set: "prod".into(),
+                public_key: Some(key.into()),
             },
         );
-        mc.annotations_mut()
-            .insert(tether_api::annotations::PUBLIC_KEY.into(), key.into());
         mc.metadata.deletion_timestamp = deleting.then(|| Time(Timestamp::now()));
         mc
     }

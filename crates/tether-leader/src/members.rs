@@ -45,15 +45,20 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
     let name = mc.name_any();
     let set = ctx.set_of(&mc).and_then(|set| ctx.leader_set(&set));
     // NB: a ban written into the set's spec (GitOps, or `tether member remove --ban` racing this
-    // member's rejoin) removes the member at its next look.
+    // member's rejoin) removes the member at its next look; the set's controller nudges every
+    // member of a set whose spec changed, so that look is at once. A ban names an ID, a name or
+    // a key: whichever the member has.
     if let Some(s) = set.as_deref()
-        && s.spec
-            .leader
-            .as_ref()
-            .is_some_and(|l| l.is_banned(&mc.spec.cluster_id))
+        && s.spec.leader.as_ref().is_some_and(|l| {
+            l.ban_of(&mc.spec.cluster_id, &mc.name_any(), mc.spec.public_key.as_deref())
+                .is_some()
+        })
     {
         remove_member(&ctx, Some(s), &mc, Removal::Banned).await?;
         return Ok(Action::await_change());
+    }
+    if mc.spec.public_key.is_none() {
+        migrate_key(&ctx, &mc).await?;
     }
     let announce_ref = ObjectRef::<MemberClusterAnnounce>::new(&name).within(&namespace);
     let Some(announce) = ctx.announces.get(&announce_ref) else {
@@ -167,6 +172,34 @@ pub async fn reconcile(mc: Arc<ManagedCluster>, ctx: Arc<Context>) -> Result<Act
         tell(&ctx, &mc, &change, agent_version, obs.age).await;
     }
     Ok(Action::requeue(recheck))
+}
+
+/// Moves the key of a member approved by a leader before 0.3 out of the annotation it was kept
+/// in (which anyone who may patch ManagedClusters can edit) into `spec.publicKey`, which is set
+/// once and then never changes, and drops the annotation. A member whose annotation is missing
+/// or not a key keeps no key: it cannot attach or rejoin until it registers again.
+async fn migrate_key(ctx: &Context, mc: &ManagedCluster) -> Result<(), Error> {
+    use kube::api::{Patch, PatchParams};
+    let legacy = tether_api::annotations::LEGACY_PUBLIC_KEY;
+    let Some(key) = mc
+        .annotations()
+        .get(legacy)
+        .filter(|k| tether_seal::parse_recipient(k).is_ok())
+    else {
+        return Ok(());
+    };
+    let (namespace, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
+    ctx.ensure_leader()?;
+    let patch = serde_json::json!({
+        "metadata": {"annotations": {legacy: null}},
+        "spec": {"publicKey": key},
+    });
+    Api::<ManagedCluster>::namespaced(ctx.client.clone(), &namespace)
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(Error::api::<ManagedCluster>("patch", Some(&namespace), &name))?;
+    info!(member = %name, %namespace, "Moved the member's registered key into spec.publicKey");
+    Ok(())
 }
 
 /// The later of two renewal times (an agent renews one of them: its Lease, or an agent from

@@ -272,6 +272,7 @@ impl Metrics {
             tether_api::ManagedClusterSpec {
                 cluster_id: "id".into(),
                 cluster_set: "prod".into(),
+                public_key: None,
             },
         );
         mc.metadata.namespace = Some("tether-prod-east".into());

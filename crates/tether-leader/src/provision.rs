@@ -240,10 +240,10 @@ pub fn member_objects(
         ManagedClusterSpec {
             cluster_id: id.into(),
             cluster_set: set.name.clone(),
+            public_key: Some(req.spec.public_key.clone()),
         },
     );
-    let mut mc_annotations =
-        BTreeMap::from([(annotations::PUBLIC_KEY.to_string(), req.spec.public_key.clone())]);
+    let mut mc_annotations = BTreeMap::new();
     if let Some(v) = req.spec.agent_version.as_ref() {
         mc_annotations.insert(annotations::REGISTERED_AGENT_VERSION.to_string(), v.clone());
     }

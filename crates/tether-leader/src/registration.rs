@@ -31,6 +31,8 @@ use crate::{Context, Error};
 
 /// How long to wait for a replaced member's namespace to go before provisioning again.
 const REPLACE_RETRY: Duration = Duration::from_secs(3);
+/// How often a request that names a silent member with another key is looked at again.
+const CONFLICT_RECHECK: Duration = Duration::from_secs(30);
 
 /// Reconciles one registration request.
 pub async fn reconcile(req: Arc<ClusterRegistrationRequest>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -78,19 +80,31 @@ async fn act(req: Arc<ClusterRegistrationRequest>, ctx: Arc<Context>) -> Result<
         .unwrap_or_default();
     match decide(&req, set.as_deref(), &members) {
         Decision::Wait { reason, message } => {
+            // NB: a request naming a silent member with another key is a possible takeover: a
+            // Warning; and it is looked at again, since that member may come back (a duplicate)
+            // or be removed by an admin (then nothing collides).
+            let conflict = reason == RegistrationReason::ReplacesMember;
             if status.reason != reason {
                 write_status(&ctx, &req, RegistrationResult::Pending, reason, &message).await?;
                 event(
                     &ctx,
                     req.as_ref(),
-                    EventType::Normal,
+                    if conflict {
+                        EventType::Warning
+                    } else {
+                        EventType::Normal
+                    },
                     EventReason::AwaitingApproval,
                     "Register",
                     &message,
                 )
                 .await;
             }
-            Ok(Action::await_change())
+            Ok(if conflict {
+                Action::requeue(CONFLICT_RECHECK)
+            } else {
+                Action::await_change()
+            })
         }
         Decision::Deny { reason, message } => deny(&ctx, &req, reason, &message).await,
         Decision::Approve { rejoin } => {
@@ -133,15 +147,13 @@ fn members_of(ctx: &Context, set: &SetRef) -> Vec<Member> {
         .map(|mc| Member {
             name: mc.name_any(),
             cluster_id: mc.spec.cluster_id.clone(),
-            public_key: mc
-                .annotations()
-                .get(tether_api::annotations::PUBLIC_KEY)
-                .cloned()
-                .unwrap_or_default(),
-            // NB: a member awaiting its first heartbeat is alive; only an expired one is not.
+            public_key: mc.spec.public_key.clone().unwrap_or_default(),
+            // NB: a member awaiting its first heartbeat is alive; one whose heartbeat expired or
+            // whose tunnel was lost is not (alive or not, another key is never approved by
+            // policy: this only decides between a duplicate and a wait for an admin).
             alive: !mc.status.as_ref().is_some_and(|s| {
                 find(&s.conditions, ConditionType::Ready)
-                    .is_some_and(|c| c.reason == Reason::HeartbeatExpired)
+                    .is_some_and(|c| c.reason == Reason::HeartbeatExpired || c.reason == Reason::TunnelLost)
             }),
         })
         .collect()
@@ -195,11 +207,15 @@ async fn approve(
         Plan::Provision { revoke_key, rejoin } => {
             if revoke_key {
                 info!(cluster = %name, cluster_id = %req.spec.cluster_id, %namespace,
-                      "The member registers again with a new key; revoking the old key's credential");
+                      "An admin approved the member's new key; revoking the old key's credential");
                 // NB: bound tokens carry the ServiceAccount's UID: deleting it revokes them all;
-                // provisioning recreates it.
+                // provisioning recreates it. The ManagedCluster goes too: its key is set once,
+                // so the member with its new key is a new object (its namespace and what is in
+                // it, grants included, stay).
                 let accounts = Api::<ServiceAccount>::namespaced(ctx.client.clone(), &namespace);
                 delete(ctx, &accounts, AGENT_SERVICE_ACCOUNT).await?;
+                let clusters = Api::<ManagedCluster>::namespaced(ctx.client.clone(), &namespace);
+                delete(ctx, &clusters, name).await?;
             }
             let policy = set.spec.leader.clone().unwrap_or_default();
             let objs = member_objects(req, &set_ref, &namespace, &policy);
@@ -378,6 +394,7 @@ fn reason_label(reason: RegistrationReason) -> &'static str {
         RegistrationReason::ClusterSetDeleting => "ClusterSetDeleting",
         RegistrationReason::NamespaceConflict => "NamespaceConflict",
         RegistrationReason::Banned => "Banned",
+        RegistrationReason::ReplacesMember => "ReplacesMember",
         RegistrationReason::AwaitingLeader
         | RegistrationReason::AwaitingApproval
         | RegistrationReason::Approved => "Other",

@@ -182,6 +182,7 @@ mod tests {
         let spec = ManagedClusterSpec {
             cluster_id: "id-east".into(),
             cluster_set: "prod".into(),
+            public_key: None,
         };
         let mut mc = ManagedCluster::new("east", spec);
         mc.status = Some(ManagedClusterStatus {

@@ -12,7 +12,9 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Api, Client, ResourceExt};
 use tether_api::inventory::{CLUSTER_MANAGER, CLUSTER_MANAGER_LABEL, ClusterProfile};
-use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, MemberClusterAnnounce, labels};
+use tether_api::{
+    ClusterRegistrationRequest, ClusterSet, ManagedCluster, MemberClusterAnnounce, SetRef, labels,
+};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -140,7 +142,22 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
                 .collect::<Vec<_>>()
         }
     };
+    // A set's spec change (a ban written into it, a new policy) re-queues its members too, so
+    // that a banned member is removed, and its tunnel closed, at once rather than at its next
+    // heartbeat.
+    let members_of_set = {
+        let ctx = ctx.clone();
+        move |set: ClusterSet| {
+            ctx.members_of(&SetRef::of(&set))
+                .iter()
+                .map(|mc| ObjectRef::from_obj(mc.as_ref()))
+                .collect::<Vec<_>>()
+        }
+    };
     let set_specs = sets
+        .subscribe()
+        .predicate_filter(predicates::generation, Default::default());
+    let set_specs_for_members = sets
         .subscribe()
         .predicate_filter(predicates::generation, Default::default());
     // NB: no concurrency limit here: kube-runtime holds the reconciles it cannot start in a
@@ -162,6 +179,7 @@ pub async fn run(client: Client, opts: Options, shutdown: CancellationToken) {
         .watches_stream(nudged.map(Ok), |mc: ManagedCluster| {
             Some(ObjectRef::from_obj(&mc))
         })
+        .watches_stream(set_specs_for_members, members_of_set)
         .reconcile_all_on(gained(opts.leader.clone()))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(members::reconcile, error_policy, ctx.clone())

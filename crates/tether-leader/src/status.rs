@@ -119,6 +119,7 @@ mod tests {
             ManagedClusterSpec {
                 cluster_id: format!("id-{name}"),
                 cluster_set: "prod".into(),
+                public_key: None,
             },
         );
         mc.status = Some(ManagedClusterStatus {

@@ -5,7 +5,7 @@
 use super::*;
 
 /// East's private key, as the holder of the member's key (its admin) would read it.
-async fn east_key(w: &World) -> String {
+pub(super) async fn east_key(w: &World) -> String {
     let s = Api::<Secret>::namespaced(w.east.admin.clone(), HOME)
         .get(tether_agent::state::KEY_SECRET)
         .await

@@ -129,6 +129,10 @@ async fn member_remove_ban_list_and_unban() {
         out.contains("banned") && out.contains(&format!("tether member unban {id}")),
         "{out}"
     );
+    assert!(
+        out.contains("join token") && out.contains("tether token create --clusterset prod"),
+        "a ban offers the join token's rotation: {out}"
+    );
     eventually(
         "east's new request is Denied: Banned",
         Duration::from_secs(60),

@@ -8,6 +8,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde::Serialize;
 use serde_json::json;
+use tether_api::clusterset::{Ban, ClusterRef, PublicKey};
 use tether_api::registration::RegistrationResult;
 use tether_api::{ClusterRegistrationRequest, ClusterSet, ManagedCluster, SetRef, labels};
 
@@ -43,30 +44,39 @@ fn leader_set(set: &ClusterSet) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn banned(set: &ClusterSet) -> Vec<String> {
-    set.spec
-        .leader
-        .as_ref()
-        .map(|l| l.banned_cluster_ids.iter().map(|b| b.0.clone()).collect())
-        .unwrap_or_default()
+/// The set's bans: the IDs of `bannedClusterIDs` (as bans naming an ID) and `bans`.
+fn bans(set: &ClusterSet) -> Vec<Ban> {
+    let Some(l) = set.spec.leader.as_ref() else {
+        return Vec::new();
+    };
+    l.banned_cluster_ids
+        .iter()
+        .map(|id| Ban {
+            cluster_id: Some(id.clone()),
+            ..Ban::default()
+        })
+        .chain(l.bans.iter().cloned())
+        .collect()
 }
 
-/// Edits the set's banned IDs with `edit` in a resourceVersion-checked write. When the set
-/// changed since it was read (the leader writes its status often), it is read again and the edit
-/// made again, a few times, so that no one else's edit is lost and no conflict reaches the admin.
+/// Edits the set's bans (`bannedClusterIDs`, `bans`) with `edit` in a resourceVersion-checked
+/// write. When the set changed since it was read (the leader writes its status often), it is read
+/// again and the edit made again, a few times, so that no one else's edit is lost and no
+/// conflict reaches the admin.
 async fn edit_bans(
     sets: &Api<ClusterSet>,
     name: &str,
-    edit: impl Fn(&mut Vec<String>),
+    edit: impl Fn(&mut Vec<ClusterRef>, &mut Vec<Ban>),
 ) -> anyhow::Result<()> {
     const ATTEMPTS: usize = 5;
     for attempt in 1..=ATTEMPTS {
         let set = sets.get(name).await?;
-        let mut ids = banned(&set);
-        edit(&mut ids);
+        let leader = set.spec.leader.clone().unwrap_or_default();
+        let (mut ids, mut bans) = (leader.banned_cluster_ids, leader.bans);
+        edit(&mut ids, &mut bans);
         let patch = json!({
             "metadata": {"resourceVersion": set.resource_version()},
-            "spec": {"leader": {"bannedClusterIDs": ids}},
+            "spec": {"leader": {"bannedClusterIDs": ids, "bans": bans}},
         });
         match sets
             .patch(name, &PatchParams::default(), &Patch::Merge(patch))
@@ -75,13 +85,28 @@ async fn edit_bans(
             Ok(_) => return Ok(()),
             Err(kube::Error::Api(s)) if s.code == 409 && attempt < ATTEMPTS => continue,
             Err(e) => {
-                return Err(e).with_context(|| {
-                    format!("cannot write the banned cluster IDs of ClusterSet {name} (run it again)")
-                });
+                return Err(e)
+                    .with_context(|| format!("cannot write the bans of ClusterSet {name} (run it again)"));
             }
         }
     }
     unreachable!("the last attempt returns")
+}
+
+/// The join tokens of `set` (IDs), to rotate after a ban: every member holds the set's token.
+async fn token_ids(client: &kube::Client, set: &SetRef) -> anyhow::Result<Vec<String>> {
+    let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
+        client.clone(),
+        tether_join::token::TOKEN_NAMESPACE,
+    );
+    let list = secrets
+        .list(&ListParams::default().labels(&set.selector()))
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .filter_map(|s| tether_join::token::secret_text(s, "token-id"))
+        .collect())
 }
 
 async fn remove(target: &Target, name: &str, clusterset: Option<&str>, ban: bool) -> anyhow::Result<()> {
@@ -104,10 +129,17 @@ async fn remove(target: &Target, name: &str, clusterset: Option<&str>, ban: bool
     let id = mc.spec.cluster_id.clone();
     let member_ns = mc.namespace().unwrap_or_default();
     // NB: the ban first: a member removed and not yet banned could register again in between.
-    if ban && !banned(&set).contains(&id) {
-        edit_bans(&sets, &set.name_any(), |ids| {
-            if !ids.contains(&id) {
-                ids.push(id.clone());
+    // It names the ID, the name and the key: a cluster reports its own ID, so a banned one that
+    // comes back as another ID is still known by its name or key.
+    let ban_of = Ban {
+        cluster_id: Some(ClusterRef(id.clone())),
+        cluster_name: Some(ClusterRef(name.to_string())),
+        public_key: mc.spec.public_key.clone().map(PublicKey),
+    };
+    if ban && !bans(&set).contains(&ban_of) {
+        edit_bans(&sets, &set.name_any(), |_, bans| {
+            if !bans.contains(&ban_of) {
+                bans.push(ban_of.clone());
             }
         })
         .await?;
@@ -124,7 +156,7 @@ async fn remove(target: &Target, name: &str, clusterset: Option<&str>, ban: bool
     )
     .await?;
     // NB: only a namespace the leader made for this very member.
-    let namespaces = Api::<Namespace>::all(client);
+    let namespaces = Api::<Namespace>::all(client.clone());
     if let Some(n) = namespaces.get_opt(&member_ns).await? {
         let l = n.labels();
         let made = l.get(labels::MANAGED_BY).map(String::as_str) == Some("tether-leader")
@@ -137,9 +169,19 @@ async fn remove(target: &Target, name: &str, clusterset: Option<&str>, ban: bool
     }
     if ban {
         println!(
-            "member {name} (cluster ID {id}) removed from ClusterSet {set_name} and banned: its requests are \
-             denied and it cannot rejoin; lift it with `tether member unban {id} --clusterset {set_name} -n {ns}`"
+            "member {name} (cluster ID {id}) removed from ClusterSet {set_name} and banned by its ID, name \
+             and key: its requests are denied whatever it reports and it cannot rejoin; lift it with \
+             `tether member unban {id} --clusterset {set_name} -n {ns}`"
         );
+        let tokens = token_ids(&client, &SetRef::of(&set)).await.unwrap_or_default();
+        if !tokens.is_empty() {
+            println!(
+                "its cluster may still hold ClusterSet {set_name}'s join token (every member joined with it): \
+                 rotate it: `tether token create --clusterset {set_name} -n {ns}` for the members to come, \
+                 then `tether token delete <id>` for each of {}",
+                tokens.join(", ")
+            );
+        }
     } else {
         println!(
             "member {name} (cluster ID {id}) removed from ClusterSet {set_name}: namespace {member_ns} is being \
@@ -156,17 +198,20 @@ async fn unban(target: &Target, id: &str, clusterset: Option<&str>) -> anyhow::R
     let sets = Api::<ClusterSet>::namespaced(client, ns);
     let set = pick_set(&sets, clusterset, ns).await?;
     leader_set(&set)?;
-    let ids = banned(&set);
-    if !ids.iter().any(|b| b == id) {
+    if !bans(&set).iter().any(|b| b.names(id)) {
         println!(
-            "cluster ID {id} is not banned from ClusterSet {}; nothing to do",
+            "no ban of ClusterSet {} names {id} (a cluster ID, name or key); nothing to do",
             set.name_any()
         );
         return Ok(());
     }
-    edit_bans(&sets, &set.name_any(), |ids| ids.retain(|b| b != id)).await?;
+    edit_bans(&sets, &set.name_any(), |ids, bans| {
+        ids.retain(|b| b.0 != id);
+        bans.retain(|b| !b.names(id));
+    })
+    .await?;
     println!(
-        "cluster ID {id} may register in ClusterSet {} again (with a valid join token)",
+        "{id} may register in ClusterSet {} again (with a valid join token): the bans naming it are lifted",
         set.name_any()
     );
     Ok(())
@@ -208,19 +253,28 @@ async fn list(target: &Target, clusterset: Option<&str>, output: Format) -> anyh
             })
         })
         .collect();
-    for id in banned(&set) {
+    for b in bans(&set) {
+        let name = b.cluster_name.clone().map(|n| n.0).unwrap_or_default();
+        let id = b.cluster_id.clone().map(|n| n.0).unwrap_or_default();
+        let handle = b.handle().to_string();
+        let key = b
+            .public_key
+            .as_ref()
+            .filter(|k| k.0 != handle)
+            .map(|k| format!(" (and key {})", k.0))
+            .unwrap_or_default();
         rows.push(Row {
             request: String::new(),
-            cluster: String::new(),
-            cluster_id: id.clone(),
+            cluster: name,
+            cluster_id: id,
             result: "Banned".into(),
             reason: "Banned".into(),
-            message: format!("lift with `tether member unban {id}`"),
+            message: format!("lift with `tether member unban {handle}`{key}"),
         });
     }
     if output == Format::Table && rows.is_empty() {
         println!(
-            "no pending or denied requests and no banned cluster IDs in ClusterSet {}",
+            "no pending or denied requests and no bans in ClusterSet {}",
             set.name_any()
         );
         return Ok(());

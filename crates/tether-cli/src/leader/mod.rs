@@ -118,19 +118,20 @@ pub enum MemberCommand {
         /// The ClusterSet (default: the only one in the namespace).
         #[arg(long)]
         clusterset: Option<String>,
-        /// Also ban its cluster ID: its requests are Denied (Banned) and it cannot rejoin.
+        /// Also ban it, by its cluster ID, its name and its key: its requests are Denied
+        /// (Banned) whatever it reports, it cannot rejoin, and its tunnel closes.
         #[arg(long)]
         ban: bool,
     },
-    /// Lift the ban of a cluster ID, so that it may register again.
+    /// Lift the bans that name a cluster ID, name or key, so that it may register again.
     Unban {
-        /// The cluster ID (as `tether member list` shows it).
+        /// The cluster ID, name or key (as `tether member list` shows it).
         cluster_id: String,
         /// The ClusterSet (default: the only one in the namespace).
         #[arg(long)]
         clusterset: Option<String>,
     },
-    /// List registration requests that are pending or denied, and the banned cluster IDs.
+    /// List registration requests that are pending or denied, and the bans.
     List {
         /// The ClusterSet (default: the only one in the namespace).
         #[arg(long)]

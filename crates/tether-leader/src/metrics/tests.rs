@@ -9,6 +9,7 @@ fn member_ready_follows_the_cache_and_is_off_unless_asked() {
             tether_api::ManagedClusterSpec {
                 cluster_id: format!("id-{name}"),
                 cluster_set: "prod".into(),
+                public_key: None,
             },
         );
         mc.metadata.namespace = Some(format!("tether-prod-{name}"));

@@ -485,6 +485,7 @@ async fn follow_tunnels(ctx: Arc<Context>, tunnels: Arc<Tunnels>, mut rx: mpsc::
             tether_api::ManagedClusterSpec {
                 cluster_id: String::new(),
                 cluster_set: String::new(),
+                public_key: None,
             },
         );
         member.metadata.namespace = Some(m.namespace.clone());

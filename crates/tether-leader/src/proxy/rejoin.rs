@@ -29,7 +29,8 @@ use crate::metrics::Proxied;
 use crate::registration::mint_credential;
 
 /// The member `m` and the key it may rejoin with, when it may: the leader made it, it is not
-/// being deleted, its set exists and is not being deleted, and its cluster ID is not banned.
+/// being deleted, its set exists and is not being deleted, and neither its cluster ID, its name
+/// nor its key is banned.
 fn eligible(sh: &Shared, m: &MemberKey) -> Option<(Arc<ManagedCluster>, String, std::time::Duration)> {
     let mc = member_cluster(&sh.ctx.clusters, m)?;
     if mc.meta().deletion_timestamp.is_some() {
@@ -40,7 +41,10 @@ fn eligible(sh: &Shared, m: &MemberKey) -> Option<(Arc<ManagedCluster>, String, 
         return None;
     }
     let policy = set.spec.leader.clone().unwrap_or_default();
-    if policy.is_banned(&mc.spec.cluster_id) {
+    if policy
+        .ban_of(&mc.spec.cluster_id, &m.name, mc.spec.public_key.as_deref())
+        .is_some()
+    {
         return None;
     }
     let key = registered_key(&mc)?.to_string();

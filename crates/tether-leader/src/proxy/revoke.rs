@@ -161,7 +161,6 @@ pub async fn follow_identities(ctx: Arc<Context>, tunnels: Arc<Tunnels>, identit
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
     use tether_api::ManagedClusterSpec;
 
     fn mc(key: Option<&str>, deleting: bool) -> ManagedCluster {
@@ -170,10 +169,9 @@ mod tests {
             ManagedClusterSpec {
                 cluster_id: "id".into(),
                 cluster_set: "prod".into(),
+                public_key: key.map(str::to_string),
             },
         );
-        mc.metadata.annotations =
-            key.map(|k| BTreeMap::from([(tether_api::annotations::PUBLIC_KEY.to_string(), k.to_string())]));
         if deleting {
             mc.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                 k8s_openapi::jiff::Timestamp::now(),

@@ -8,7 +8,7 @@ use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Response};
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
-use tether_api::{ManagedCluster, annotations, labels};
+use tether_api::{ManagedCluster, labels};
 use tether_tunnel::pipe::{self, Body};
 use tokio_util::sync::CancellationToken;
 
@@ -52,12 +52,11 @@ pub fn member_cluster(clusters: &Store<ManagedCluster>, m: &MemberKey) -> Option
         })
 }
 
-/// The key member `mc` registered with: what its agent must prove to attach.
+/// The key member `mc` registered with: what its agent must prove to attach. Read from the spec
+/// field the leader sets once at approval, which no one can change afterwards (CEL), never from
+/// anything a ManagedCluster patcher could edit.
 pub fn registered_key(mc: &ManagedCluster) -> Option<&str> {
-    mc.annotations()
-        .get(annotations::PUBLIC_KEY)
-        .map(String::as_str)
-        .filter(|k| !k.is_empty())
+    mc.spec.public_key.as_deref().filter(|k| !k.is_empty())
 }
 
 /// A JSON answer.

@@ -21,6 +21,7 @@ fn member(conditions: Vec<Condition>, deleting: bool) -> ManagedCluster {
         ManagedClusterSpec {
             cluster_id: "id-east".into(),
             cluster_set: "prod".into(),
+            public_key: None,
         },
     );
     mc.metadata.namespace = Some("tether-prod-east-1".into());
