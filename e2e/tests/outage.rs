@@ -143,7 +143,7 @@ async fn outage() {
         set.spec
             .leader
             .as_ref()
-            .is_some_and(|l| l.banned_cluster_ids.iter().any(|b| b.0 == gone_id)),
+            .is_some_and(|l| l.bans.iter().any(|b| b.names(&gone_id) && b.names("gone"))),
         "{:?}",
         set.spec
     );
